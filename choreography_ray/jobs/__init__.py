@@ -1,0 +1,70 @@
+"""The author's side of the job system: statuses, state, options, errors and the type registry.
+
+Nothing here imports Ray or a storage driver: declaring a job touches neither.
+"""
+
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors_all  # type: ignore[attr-defined]
+from .options import JobsOptions, parse_duration
+from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
+from .state import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_SCOPE,
+    JobKey,
+    JobOwner,
+    JobProgress,
+    JobStageProgress,
+    JobState,
+    JobStepProgress,
+    JobStepState,
+    PlannedStep,
+    StatusChange,
+    StepError,
+    StepLease,
+)
+from .status import (
+    FAILED_STEP_STATUSES,
+    FINAL_STEP_STATUSES,
+    PREPARING_JOB_STATUSES,
+    RUNNING_JOB_STATUSES,
+    STOP_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    JobStatus,
+    JobStepStatus,
+)
+
+__all__ = [
+    *_errors_all,
+    # options
+    "JobsOptions",
+    "parse_duration",
+    # registry
+    "Payload",
+    "TypeKind",
+    "TypeRegistry",
+    "default_registry",
+    "register_type",
+    # state
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_SCOPE",
+    "JobKey",
+    "JobOwner",
+    "JobProgress",
+    "JobStageProgress",
+    "JobState",
+    "JobStepProgress",
+    "JobStepState",
+    "PlannedStep",
+    "StatusChange",
+    "StepError",
+    "StepLease",
+    # statuses
+    "FAILED_STEP_STATUSES",
+    "FINAL_STEP_STATUSES",
+    "PREPARING_JOB_STATUSES",
+    "RUNNING_JOB_STATUSES",
+    "STOP_STATUSES",
+    "TERMINAL_JOB_STATUSES",
+    "JobStatus",
+    "JobStepStatus",
+]

@@ -1,0 +1,254 @@
+"""Settings of the job system, with their defaults.
+
+Options come from code (`JobsOptions(...)`), from environment variables (`CHOREOGRAPHY_` and the
+setting's name in capitals) and from a TOML file (a `[jobs]` table, or top-level keys). A bad
+value is refused with an `InvalidOptionError` that names the setting and, for the environment or
+a file, where the value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import InvalidOptionError
+
+ENV_PREFIX = "CHOREOGRAPHY_"
+
+_DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_FOREVER = {"infinite", "forever", "never", "none", "off"}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Seconds as a number, a `timedelta`, or text such as `500ms`, `10s`, `5m`, `1h`, `7d`."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected a duration, got a boolean")
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            unit = match["unit"].lower() if match["unit"] else None
+            return timedelta(seconds=float(match["n"]) * _UNIT_SECONDS[unit])
+    raise ValueError(f"expected a duration such as 10s, 5m, 1h or 7d; got {value!r}")
+
+
+def default_max_parallel_steps() -> int:
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+class JobsOptions(BaseModel):
+    """Every setting of the job system. Immutable; build a new one to change a value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_parallel_steps: int | None = None
+    """Steps one worker node performs at once; None means max(1, cpus - 1)."""
+    dead_job_threshold: timedelta = timedelta(hours=1)
+    """A preparing job older than this with no stored step is dead and cleaned up."""
+    cleanup_cadence: timedelta = timedelta(hours=1)
+    step_checkpoint_batch_interval: int = 100
+    """A step persists its checkpoint every N checkpoints it reports (1 = every one)."""
+    step_checkpoint_flush_interval: timedelta = timedelta(seconds=5)
+    """An idle step's pending checkpoint is flushed after this; zero disables the timer."""
+    max_concurrent_rehydration: int = 8
+    max_concurrent_cleanup: int = 4
+    terminal_job_retention: timedelta | None = timedelta(days=7)
+    """Completed and failed jobs older than this are removed; None keeps them forever."""
+    max_terminal_jobs_per_cleanup: int = 100
+    max_concurrent_step_starts: int = 16
+    step_stop_timeout: timedelta = timedelta(seconds=10)
+    max_active_steps_per_job: int | None = None
+    """A sliding window of active steps per job; None means no window."""
+    max_step_attempts: int = 1
+    step_retry_backoff: timedelta = timedelta(seconds=1)
+    max_step_retry_backoff: timedelta = timedelta(seconds=60)
+    step_lease_timeout: timedelta = timedelta(0)
+    """Heartbeat lease of running steps; zero turns leases off."""
+    job_watchdog_interval: timedelta = timedelta(seconds=30)
+    step_delivery_retry_delay: timedelta = timedelta(seconds=1)
+    max_step_delivery_retry_delay: timedelta = timedelta(seconds=60)
+    step_delivery_max_attempts: int = 10
+    max_inline_step_plan_size: int = 1024 * 1024
+    """Bytes; a larger plan is stored apart where the provider can. Zero externalizes all."""
+    transient_retry_attempts: int = 5
+    """Attempts of a storage operation that failed with a transient error."""
+    transient_retry_base_delay: timedelta = timedelta(milliseconds=100)
+    max_transient_retry_delay: timedelta = timedelta(seconds=5)
+
+    @field_validator(
+        "dead_job_threshold",
+        "cleanup_cadence",
+        "step_checkpoint_flush_interval",
+        "step_stop_timeout",
+        "step_retry_backoff",
+        "max_step_retry_backoff",
+        "step_lease_timeout",
+        "job_watchdog_interval",
+        "step_delivery_retry_delay",
+        "max_step_delivery_retry_delay",
+        "transient_retry_base_delay",
+        "max_transient_retry_delay",
+        mode="before",
+    )
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        duration = parse_duration(value)
+        if duration < timedelta(0):
+            raise ValueError("must not be negative")
+        return duration
+
+    @field_validator("terminal_job_retention", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> timedelta | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() in _FOREVER):
+            return None
+        duration = parse_duration(value)
+        if duration <= timedelta(0):
+            raise ValueError("must be positive, or 'infinite' to keep jobs forever")
+        return duration
+
+    @field_validator(
+        "step_checkpoint_batch_interval",
+        "max_concurrent_rehydration",
+        "max_concurrent_cleanup",
+        "max_terminal_jobs_per_cleanup",
+        "max_concurrent_step_starts",
+        "max_step_attempts",
+        "step_delivery_max_attempts",
+        "transient_retry_attempts",
+    )
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("max_parallel_steps", "max_active_steps_per_job")
+    @classmethod
+    def _positive_or_none(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("must be at least 1, or unset")
+        return value
+
+    @field_validator("max_inline_step_plan_size")
+    @classmethod
+    def _size(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as error:
+            raise _option_error(error) from None
+
+    @property
+    def effective_max_parallel_steps(self) -> int:
+        return self.max_parallel_steps or default_max_parallel_steps()
+
+    def with_changes(self, **changes: Any) -> JobsOptions:
+        """A copy with some settings changed, validated like the original."""
+        values = self.model_dump(exclude_unset=True)
+        values.update(changes)
+        return JobsOptions(**values)
+
+    # -- loading ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, Any], *, origins: Mapping[str, str] | None = None
+    ) -> JobsOptions:
+        """Validate `values`; `origins` says where each came from, for error messages."""
+        origins = origins or {}
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            where = f" (from {origins[unknown[0]]})" if unknown[0] in origins else ""
+            raise InvalidOptionError(
+                unknown[0],
+                f"unknown setting{where}; known settings: {', '.join(sorted(cls.model_fields))}",
+            )
+        try:
+            return cls(**dict(values))
+        except InvalidOptionError as error:
+            if error.setting in origins:
+                raise InvalidOptionError(
+                    error.setting, f"{error.reason} (from {origins[error.setting]})"
+                ) from None
+            raise
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The settings named by `CHOREOGRAPHY_<SETTING>` variables, as raw values."""
+        environ = os.environ if environ is None else environ
+        found: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            found[name] = None if raw.strip().lower() in {"", "none", "null"} else raw
+        return found
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> dict[str, Any]:
+        """The settings of a TOML file: its `[jobs]` table, or its top-level keys."""
+        path = Path(path)
+        try:
+            with path.open("rb") as handle:
+                document = tomllib.load(handle)
+        except FileNotFoundError:
+            raise InvalidOptionError("config", f"file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise InvalidOptionError(
+                "config", f"{str(path)!r} is not valid TOML: {error}"
+            ) from None
+        table = document.get("jobs", document)
+        if not isinstance(table, dict):
+            raise InvalidOptionError("jobs", f"{str(path)!r}: [jobs] must be a table")
+        return dict(table)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> JobsOptions:
+        """Defaults, then the TOML file, then the environment, then `overrides`."""
+        values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
+        if path is not None:
+            for name, value in cls.from_toml(path).items():
+                values[name] = value
+                origins[name] = f"file {str(path)!r}"
+        for name, value in cls.from_env(environ).items():
+            values[name] = value
+            origins[name] = f"environment variable {ENV_PREFIX}{name.upper()}"
+        for name, value in overrides.items():
+            values[name] = value
+            origins.pop(name, None)
+        return cls.from_mapping(values, origins=origins)
+
+
+def _option_error(error: ValidationError) -> InvalidOptionError:
+    first = error.errors()[0]
+    setting = ".".join(str(p) for p in first.get("loc", ())) or "options"
+    message = first.get("msg", "invalid value")
+    message = message.removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        message = "unknown setting"
+    if "got " not in message:
+        message = f"{message} (got {first.get('input')!r})"
+    return InvalidOptionError(setting, message)

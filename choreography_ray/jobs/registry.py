@@ -1,0 +1,178 @@
+"""The type registry: stable names for the classes whose instances are stored.
+
+A stored record names its job type, its step type and the types of its request, state and
+result. Reading a record resolves those names here and nowhere else: a name that is not
+registered is reported as unknown and never imported, so a tampered record cannot make a host
+load or run code.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+
+from .errors import (
+    MalformedRecordError,
+    TypeAlreadyRegisteredError,
+    TypeRegistryError,
+    UnknownTypeError,
+)
+
+T = TypeVar("T", bound=type)
+
+
+class TypeKind(StrEnum):
+    JOB = "job"
+    STEP = "step"
+    REQUEST = "request"
+    STATE = "state"
+    RESULT = "result"
+
+
+_MODEL_KINDS = frozenset({TypeKind.REQUEST, TypeKind.STATE, TypeKind.RESULT})
+
+
+class Payload(BaseModel):
+    """A stored pydantic value: the registered name of its class and its JSON data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    data: JsonValue
+
+
+class TypeRegistry:
+    """Maps stable names to classes, per kind, and back."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[TypeKind, type]] = {}
+        self._by_class: dict[type, str] = {}
+        self._lock = threading.Lock()
+
+    def register(self, cls: type, *, kind: TypeKind | str, name: str | None = None) -> type:
+        """Register `cls` under `name` (default: its qualified module path).
+
+        Registering the same class under the same name again is a no-op, so modules can be
+        re-imported; another class under a taken name is an error.
+        """
+        kind = TypeKind(kind)
+        if kind in _MODEL_KINDS and not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            raise TypeRegistryError(
+                f"{cls!r} cannot be registered as a {kind} type: it must be a pydantic model"
+            )
+        name = name or f"{cls.__module__}.{cls.__qualname__}"
+        if not name or not name.strip():
+            raise TypeRegistryError(f"{cls!r}: a registered name must not be empty")
+        with self._lock:
+            existing = self._by_name.get(name)
+            if existing is not None:
+                if existing[1] is cls and existing[0] == kind:
+                    return cls
+                if _same_definition(existing[1], cls) and existing[0] == kind:
+                    # A re-executed module (notebook cell, reload) redefines the class.
+                    self._by_class.pop(existing[1], None)
+                else:
+                    raise TypeAlreadyRegisteredError(
+                        f"the name {name!r} is already registered for {existing[1]!r} "
+                        f"({existing[0]}); choose another name for {cls!r}"
+                    )
+            previous = self._by_class.get(cls)
+            if previous is not None and previous != name:
+                raise TypeAlreadyRegisteredError(
+                    f"{cls!r} is already registered as {previous!r}; a class has one name"
+                )
+            self._by_name[name] = (kind, cls)
+            self._by_class[cls] = name
+        return cls
+
+    def registrar(self, kind: TypeKind | str, name: str | None = None) -> Callable[[T], T]:
+        """A class decorator form of `register`."""
+
+        def decorate(cls: T) -> T:
+            self.register(cls, kind=kind, name=name)
+            return cls
+
+        return decorate
+
+    def resolve(self, name: str, kind: TypeKind | str | None = None) -> type:
+        """The class registered under `name`; `UnknownTypeError` when there is none."""
+        entry = self._by_name.get(name)
+        if entry is None or (kind is not None and entry[0] != TypeKind(kind)):
+            raise UnknownTypeError(name, str(TypeKind(kind)) if kind is not None else None)
+        return entry[1]
+
+    def knows(self, name: str, kind: TypeKind | str | None = None) -> bool:
+        entry = self._by_name.get(name)
+        return entry is not None and (kind is None or entry[0] == TypeKind(kind))
+
+    def name_of(self, cls: type) -> str:
+        """The registered name of `cls`."""
+        try:
+            return self._by_class[cls]
+        except KeyError:
+            raise TypeRegistryError(
+                f"{cls.__module__}.{cls.__qualname__} is not registered; register it before "
+                "storing its instances"
+            ) from None
+
+    def kind_of(self, name: str) -> TypeKind:
+        entry = self._by_name.get(name)
+        if entry is None:
+            raise UnknownTypeError(name)
+        return entry[0]
+
+    def names(self, kind: TypeKind | str | None = None) -> list[str]:
+        wanted = TypeKind(kind) if kind is not None else None
+        return sorted(n for n, (k, _) in self._by_name.items() if wanted is None or k == wanted)
+
+    def dump(self, value: BaseModel) -> Payload:
+        """Wrap a registered model instance for storage."""
+        return Payload(type=self.name_of(type(value)), data=value.model_dump(mode="json"))
+
+    def load(self, payload: Payload, kind: TypeKind | str | None = None) -> Any:
+        """Rebuild the model instance a payload holds, through the registry only."""
+        cls = self.resolve(payload.type, kind)
+        if not issubclass(cls, BaseModel):
+            raise TypeRegistryError(f"{payload.type!r} names {cls!r}, which holds no data")
+        try:
+            return cls.model_validate(payload.data)
+        except ValidationError as error:
+            raise MalformedRecordError(
+                f"stored {payload.type!r} value does not fit its class: {_first_error(error)}"
+            ) from error
+
+    def check(self, payload: Payload, kind: TypeKind | str | None = None) -> None:
+        """Raise as `load` would, without keeping the value."""
+        self.load(payload, kind)
+
+    def unregister(self, name: str) -> None:
+        """Forget a name; for tests that register throwaway types."""
+        with self._lock:
+            entry = self._by_name.pop(name, None)
+            if entry is not None:
+                self._by_class.pop(entry[1], None)
+
+
+def _same_definition(a: type, b: type) -> bool:
+    return a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+    return f"{where}: {first.get('msg', 'invalid')}"
+
+
+default_registry = TypeRegistry()
+"""The registry `Job` and `JobStep` classes join when they are defined."""
+
+
+def register_type(
+    kind: TypeKind | str, name: str | None = None, *, registry: TypeRegistry | None = None
+) -> Callable[[T], T]:
+    """Decorator: register a class in the default (or given) registry."""
+    return (registry or default_registry).registrar(kind, name)

@@ -1,0 +1,217 @@
+"""Persisted state of jobs and steps.
+
+These models are what storage holds, as JSON. Fields only ever get added, with defaults, so a
+record written by an older release still reads. Values of user types (requests, step state,
+results) are kept as `Payload`s: a registered type name and JSON data.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .registry import Payload
+from .status import JobStatus, JobStepStatus
+
+DEFAULT_SCOPE = "default"
+DEFAULT_NAMESPACE = "default"
+
+
+def utc(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+
+
+class JobKey(_Model):
+    """The storage partition a job lives in. No query or write crosses two keys."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    scope: str = DEFAULT_SCOPE
+    namespace: str = DEFAULT_NAMESPACE
+
+    @field_validator("scope", "namespace")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value or not value.strip():
+            raise ValueError("must not be empty")
+        if len(value) > 200:
+            raise ValueError("must be at most 200 characters")
+        return value
+
+    def __str__(self) -> str:
+        return f"{self.scope}/{self.namespace}"
+
+
+class StatusChange(_Model):
+    """One entry of a status history, with the error that caused it if any."""
+
+    status: int
+    occurred: datetime
+    exception_messages: list[str] = Field(default_factory=list)
+    exception_stack_trace: str = ""
+
+    _utc = field_validator("occurred")(classmethod(lambda cls, v: utc(v)))
+
+
+class JobStageProgress(_Model):
+    stage: int
+    is_started: bool = False
+    total_steps: int = 0
+    successful_steps: int = 0
+    failed_steps: int = 0
+    unreachable_steps: int = 0
+
+    @property
+    def is_completed(self) -> bool:
+        return (
+            self.successful_steps + self.failed_steps + self.unreachable_steps == self.total_steps
+        )
+
+    @property
+    def has_failures(self) -> bool:
+        return self.failed_steps > 0
+
+    @property
+    def remaining_steps(self) -> int:
+        return self.total_steps - self.successful_steps - self.failed_steps - self.unreachable_steps
+
+
+class JobProgress(_Model):
+    total_steps: int = 0
+    successful_steps: int = 0
+    failed_steps: int = 0
+    stopped_steps: int = 0
+    unreachable_steps: int = 0
+    stages: list[JobStageProgress] = Field(default_factory=list)
+    message: str = ""
+
+    @property
+    def is_completed(self) -> bool:
+        """Every step has an outcome the job counts."""
+        return (
+            self.successful_steps + self.failed_steps + self.unreachable_steps == self.total_steps
+        )
+
+    @property
+    def is_stopped(self) -> bool:
+        """Every step has an outcome or a counted stop, or belongs to a stage never started."""
+        not_started = sum(s.remaining_steps for s in self.stages if not s.is_started)
+        accounted = (
+            self.successful_steps
+            + self.failed_steps
+            + self.unreachable_steps
+            + self.stopped_steps
+            + not_started
+        )
+        return accounted == self.total_steps
+
+    @property
+    def has_failures(self) -> bool:
+        return self.failed_steps > 0 or self.unreachable_steps > 0
+
+
+class JobOwner(_Model):
+    """The live activation of a job: at most one per job, claimed by compare-and-set."""
+
+    host: str
+    activation_epoch: int = 0
+    lease_expires: datetime | None = None
+
+
+class PlannedStep(_Model):
+    """One entry of a saved plan: everything needed to prepare the step again."""
+
+    step_id: str
+    stage: int = 0
+    step_type: str
+    name: str = ""
+    request: Payload
+
+
+class JobState(_Model):
+    """The stored record of a job."""
+
+    id: str
+    key: JobKey = Field(default_factory=JobKey)
+    type: str
+    details: str = ""
+    status: JobStatus = JobStatus.NONE
+    created: datetime
+    status_changes: list[StatusChange] = Field(default_factory=list)
+    progress: JobProgress = Field(default_factory=JobProgress)
+    request: Payload | None = None
+    plan: list[PlannedStep] | None = None
+    """The inline copy of the plan; dropped by the write that makes the job Running."""
+    has_stored_step_plan: bool = False
+    stored_step_plan_incarnation: int | None = None
+    stop_finalized: bool = False
+    stopped_steps_counted: list[str] = Field(default_factory=list)
+    completed_steps_counted: list[str] = Field(default_factory=list)
+    execution_generation: int = 0
+    pending_drain: bool = False
+    owner: JobOwner | None = None
+    version: int = 0
+    """Compare-and-set token: 0 for a record never saved, then the stored version."""
+
+    _utc = field_validator("created")(classmethod(lambda cls, v: utc(v)))
+
+    @property
+    def is_preparing_or_running(self) -> bool:
+        return self.status.is_running
+
+    @property
+    def is_prepared(self) -> bool:
+        """The job crossed StartingSteps at some point of its history."""
+        return any(c.status == JobStatus.STARTING_STEPS for c in self.status_changes)
+
+
+class JobStepProgress(_Model):
+    percentage: float = 0.0
+    message: str = ""
+
+
+class StepLease(_Model):
+    """Who runs a step and when it last said so."""
+
+    node: str
+    activation: str
+    heartbeat: datetime
+
+
+class StepError(_Model):
+    """Why a step failed or stopped, with what it had done so far."""
+
+    messages: list[str] = Field(default_factory=list)
+    stack_trace: str = ""
+    partial_result: Payload | None = None
+    cancelled: bool = False
+
+
+class JobStepState(_Model):
+    """The stored record of a step."""
+
+    id: str
+    job_id: str
+    type: str
+    name: str = ""
+    stage: int = 0
+    status: JobStepStatus = JobStepStatus.UNKNOWN
+    status_changes: list[StatusChange] = Field(default_factory=list)
+    progress: JobStepProgress = Field(default_factory=JobStepProgress)
+    is_prepared: bool = False
+    attempt: int = 1
+    lease: StepLease | None = None
+    generation: int = 0
+    state: Payload | None = None
+    """The step's own state (its checkpoint), built from the request when prepared."""
+    result: Payload | None = None
+    error: StepError | None = None
+    version: int = 0

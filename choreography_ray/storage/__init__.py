@@ -1,0 +1,33 @@
+"""Storage of jobs, steps and plans: protocols and providers chosen by URL.
+
+provider = open_storage("sqlite:///.choreography/jobs.db")
+await provider.initialize()
+storage = provider.for_key(scope="studio", namespace="tenant-a")
+job = await storage.jobs.get(job_id)
+"""
+
+from .protocols import (
+    JobQuery,
+    JobsStorage,
+    JobStepStorage,
+    JobStorage,
+    StepPlanStorage,
+    StorageCapabilities,
+)
+from .provider import PROVIDERS, StorageProvider, ThreadedProvider, open_storage
+from .url import StorageURL, redact
+
+__all__ = [
+    "PROVIDERS",
+    "JobQuery",
+    "JobStepStorage",
+    "JobStorage",
+    "JobsStorage",
+    "StepPlanStorage",
+    "StorageCapabilities",
+    "StorageProvider",
+    "StorageURL",
+    "ThreadedProvider",
+    "open_storage",
+    "redact",
+]

@@ -1,0 +1,209 @@
+"""Turning states into stored JSON and back, through the type registry only.
+
+Reading is strict: a record that is not valid JSON of its model, or that names a type the
+registry does not know, raises `MalformedRecordError` or `UnknownTypeError`. Listings use
+`decode_*_or_skip`, which log such a record and leave it out rather than fail the listing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..jobs.errors import (
+    MalformedRecordError,
+    RecordNotFoundError,
+    StorageJobError,
+    StorageJobStepError,
+    UnknownTypeError,
+)
+from ..jobs.registry import Payload, TypeKind, TypeRegistry
+from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
+
+log = logging.getLogger("choreography_ray.storage")
+
+MAX_ID_LENGTH = 200
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(value: datetime) -> int:
+    """Microseconds since the epoch: how every provider stores and compares `created`."""
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+_JOB_EXCLUDE = {"version"}
+_STEP_EXCLUDE = {"version"}
+
+
+def check_id(value: Any, what: str) -> str:
+    """Ids are non-empty strings of bounded length; anything else is a caller's mistake."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ValueError(
+            f"{what} must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
+            f"got {value!r}"
+        )
+    return value
+
+
+class RecordCodec:
+    """Encodes and decodes records, checking every type name against the registry."""
+
+    def __init__(self, registry: TypeRegistry) -> None:
+        self.registry = registry
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def encode_job(self, state: JobState) -> str:
+        return state.model_dump_json(exclude=_JOB_EXCLUDE)
+
+    def job_document(self, state: JobState) -> dict[str, Any]:
+        return state.model_dump(mode="json", exclude=_JOB_EXCLUDE)
+
+    def decode_job(self, raw: str | bytes | dict[str, Any], version: int, job_id: str) -> JobState:
+        try:
+            if isinstance(raw, dict):
+                state = JobState.model_validate({**raw, "version": version})
+            else:
+                state = JobState.model_validate_json(raw)
+                state.version = version
+        except ValidationError as error:
+            raise MalformedRecordError(
+                f"job {job_id!r}: stored record is malformed: {_first(error)}",
+                code=StorageJobError.MALFORMED_RECORD,
+            ) from error
+        if not self.registry.knows(state.type, TypeKind.JOB):
+            raise UnknownTypeError(
+                state.type, "job", code=StorageJobError.TYPE_IS_NOT_ASSOCIATED_WITH_A_JOB_TYPE
+            )
+        try:
+            if state.request is not None:
+                self._check(state.request, TypeKind.REQUEST)
+            for planned in state.plan or ():
+                self.check_planned(planned)
+        except MalformedRecordError as error:
+            raise MalformedRecordError(
+                f"job {job_id!r}: {error.message}", code=StorageJobError.MALFORMED_RECORD
+            ) from error
+        return state
+
+    def decode_job_or_skip(
+        self, raw: str | bytes | dict[str, Any], version: int, job_id: str
+    ) -> JobState | None:
+        try:
+            return self.decode_job(raw, version, job_id)
+        except (MalformedRecordError, UnknownTypeError) as error:
+            log.warning("skipping unreadable job record %r: %s", job_id, error)
+            return None
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def encode_step(self, state: JobStepState) -> str:
+        return state.model_dump_json(exclude=_STEP_EXCLUDE)
+
+    def step_document(self, state: JobStepState) -> dict[str, Any]:
+        return state.model_dump(mode="json", exclude=_STEP_EXCLUDE)
+
+    def decode_step(
+        self, raw: str | bytes | dict[str, Any], version: int, step_id: str
+    ) -> JobStepState:
+        try:
+            if isinstance(raw, dict):
+                state = JobStepState.model_validate({**raw, "version": version})
+            else:
+                state = JobStepState.model_validate_json(raw)
+                state.version = version
+        except ValidationError as error:
+            raise MalformedRecordError(
+                f"step {step_id!r}: stored record is malformed: {_first(error)}",
+                code=StorageJobStepError.MALFORMED_RECORD,
+            ) from error
+        if not self.registry.knows(state.type, TypeKind.STEP):
+            raise UnknownTypeError(
+                state.type, "step", code=StorageJobStepError.TYPE_IS_NOT_A_JOB_STEP_STATE_TYPE
+            )
+        if state.state is not None:
+            self._check(state.state, TypeKind.STATE)
+        if state.result is not None:
+            self._check(state.result, TypeKind.RESULT)
+        if state.error is not None and state.error.partial_result is not None:
+            self._check(state.error.partial_result, TypeKind.RESULT)
+        return state
+
+    def decode_step_or_skip(
+        self, raw: str | bytes | dict[str, Any], version: int, step_id: str
+    ) -> JobStepState | None:
+        try:
+            return self.decode_step(raw, version, step_id)
+        except (MalformedRecordError, UnknownTypeError) as error:
+            log.warning("skipping unreadable step record %r: %s", step_id, error)
+            return None
+
+    # -- plans --------------------------------------------------------------------------------
+
+    def encode_planned(self, planned: PlannedStep) -> str:
+        return planned.model_dump_json()
+
+    def decode_planned(self, raw: str | bytes | dict[str, Any]) -> PlannedStep:
+        try:
+            planned = (
+                PlannedStep.model_validate(raw)
+                if isinstance(raw, dict)
+                else PlannedStep.model_validate_json(raw)
+            )
+        except ValidationError as error:
+            raise MalformedRecordError(
+                f"stored plan entry is malformed: {_first(error)}"
+            ) from error
+        self.check_planned(planned)
+        return planned
+
+    def check_planned(self, planned: PlannedStep) -> None:
+        if not self.registry.knows(planned.step_type, TypeKind.STEP):
+            raise UnknownTypeError(planned.step_type, "step")
+        self._check(planned.request, TypeKind.REQUEST)
+
+    def _check(self, payload: Payload, kind: TypeKind) -> None:
+        self.registry.check(payload, kind)
+
+
+def not_found_job(job_id: str, key: JobKey) -> RecordNotFoundError:
+    return RecordNotFoundError(
+        f"no job {job_id!r} in scope {key.scope!r}, namespace {key.namespace!r}",
+        code=StorageJobError.NOT_FOUND,
+    )
+
+
+def not_found_step(job_id: str, step_id: str, key: JobKey) -> RecordNotFoundError:
+    return RecordNotFoundError(
+        f"no step {step_id!r} of job {job_id!r} in scope {key.scope!r}, "
+        f"namespace {key.namespace!r}",
+        code=StorageJobStepError.NOT_FOUND,
+    )
+
+
+def check_job_key(state: JobState, key: JobKey) -> None:
+    if state.key != key:
+        raise ValueError(
+            f"job {state.id!r} belongs to {state.key}, not to {key}: a storage partition only "
+            "writes its own jobs"
+        )
+
+
+def check_unique(ids: list[tuple[str, str]]) -> None:
+    if len(set(ids)) != len(ids):
+        seen: set[tuple[str, str]] = set()
+        for pair in ids:
+            if pair in seen:
+                raise ValueError(f"step {pair[1]!r} of job {pair[0]!r} appears twice in one batch")
+            seen.add(pair)
+
+
+def _first(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "record"
+    return f"{where}: {first.get('msg', 'invalid')}"

@@ -1,0 +1,344 @@
+"""In-process storage (`memory://`): for tests and single-process use.
+
+Records are kept as the same JSON the other providers store, so a value that round-trips here
+round-trips everywhere, and no caller can change a stored record through an object it holds.
+Each URL names its own store: `memory://a` and `memory://b` share nothing, and two providers
+opened on the same URL in one process share the data (as two hosts share a database).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..jobs.errors import VersionConflictError
+from ..jobs.options import JobsOptions
+from ..jobs.registry import TypeRegistry
+from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
+from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
+from .codec import (
+    RecordCodec,
+    check_id,
+    check_job_key,
+    check_unique,
+    not_found_job,
+    not_found_step,
+    to_micros,
+)
+from .protocols import JobQuery, JobsStorage, StorageCapabilities
+from .provider import StorageProvider
+from .url import StorageURL
+
+
+@dataclass
+class JobRow:
+    version: int
+    type: str
+    status: int
+    created_us: int
+    stop_finalized: bool
+    document: str
+
+
+@dataclass
+class StepRow:
+    version: int
+    status: int
+    stage: int
+    document: str
+
+
+@dataclass
+class Partition:
+    jobs: dict[str, JobRow] = field(default_factory=dict)
+    steps: dict[str, dict[str, StepRow]] = field(default_factory=dict)
+    plans: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryStore:
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    partitions: dict[JobKey, Partition] = field(default_factory=dict)
+
+    def partition(self, key: JobKey) -> Partition:
+        with self.lock:
+            return self.partitions.setdefault(key, Partition())
+
+
+_STORES: dict[str, MemoryStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _store_for(url: StorageURL) -> MemoryStore:
+    with _STORES_LOCK:
+        return _STORES.setdefault(url.without_query(), MemoryStore())
+
+
+def forget_memory_store(url: str) -> None:
+    """Drop the data of a `memory://` URL in this process."""
+    with _STORES_LOCK:
+        _STORES.pop(StorageURL(url).without_query(), None)
+
+
+class MemoryStorage(StorageProvider):
+    capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
+        external_step_plans=True, atomic_batches=True, shared_across_processes=False
+    )
+
+    def __init__(
+        self,
+        url: StorageURL,
+        *,
+        registry: TypeRegistry | None = None,
+        options: JobsOptions | None = None,
+    ) -> None:
+        super().__init__(url, registry=registry, options=options)
+        self.store = _store_for(url)
+
+    def _open_partition(self, key: JobKey) -> JobsStorage:
+        partition = self.store.partition(key)
+        lock = self.store.lock
+        return JobsStorage(
+            key=key,
+            jobs=MemoryJobStorage(key, partition, lock, self.codec),
+            steps=MemoryJobStepStorage(key, partition, lock, self.codec),
+            plans=MemoryStepPlanStorage(key, partition, lock, self.codec),
+        )
+
+
+class _Base:
+    def __init__(
+        self, key: JobKey, partition: Partition, lock: threading.RLock, codec: RecordCodec
+    ) -> None:
+        self.key = key
+        self._p = partition
+        self._lock = lock
+        self._codec = codec
+
+
+class MemoryJobStorage(_Base):
+    async def get(self, job_id: str) -> JobState:
+        state = await self.find(job_id)
+        if state is None:
+            raise not_found_job(job_id, self.key)
+        return state
+
+    async def find(self, job_id: str) -> JobState | None:
+        check_id(job_id, "job id")
+        with self._lock:
+            row = self._p.jobs.get(job_id)
+        if row is None:
+            return None
+        return self._codec.decode_job(row.document, row.version, job_id)
+
+    async def save(self, state: JobState) -> int:
+        check_id(state.id, "job id")
+        check_job_key(state, self.key)
+        document = self._codec.encode_job(state)
+        with self._lock:
+            row = self._p.jobs.get(state.id)
+            stored = row.version if row is not None else 0
+            if stored != state.version:
+                raise VersionConflictError(
+                    f"job {state.id!r}: stored version is {stored}, write expected {state.version}",
+                    [state.id],
+                )
+            version = stored + 1
+            self._p.jobs[state.id] = JobRow(
+                version=version,
+                type=state.type,
+                status=int(state.status),
+                created_us=to_micros(state.created),
+                stop_finalized=state.stop_finalized,
+                document=document,
+            )
+        return version
+
+    async def remove(self, job_id: str) -> bool:
+        check_id(job_id, "job id")
+        with self._lock:
+            return self._p.jobs.pop(job_id, None) is not None
+
+    async def remove_terminal(self, job_id: str) -> bool:
+        check_id(job_id, "job id")
+        with self._lock:
+            row = self._p.jobs.get(job_id)
+            if row is None or row.status not in TERMINAL_JOB_STATUSES:
+                return False
+            del self._p.jobs[job_id]
+            return True
+
+    def _matching(self, query: JobQuery) -> list[tuple[str, JobRow]]:
+        statuses = {int(s) for s in query.statuses}
+        bound = to_micros(query.created_before) if query.created_before else None
+        with self._lock:
+            rows = [
+                (job_id, row)
+                for job_id, row in self._p.jobs.items()
+                if (query.type is None or row.type == query.type)
+                and (not statuses or row.status in statuses)
+                and (bound is None or row.created_us < bound)
+            ]
+        rows.sort(key=lambda item: (item[1].created_us, item[0]))
+        return rows
+
+    async def query(self, query: JobQuery | None = None) -> list[JobState]:
+        query = query or JobQuery()
+        rows = self._matching(query)
+        rows = rows[query.skip :]
+        if query.take > 0:
+            rows = rows[: query.take]
+        decoded = (self._codec.decode_job_or_skip(r.document, r.version, i) for i, r in rows)
+        return [state for state in decoded if state is not None]
+
+    async def count(self, query: JobQuery | None = None) -> int:
+        return len(self._matching(query or JobQuery()))
+
+    async def get_jobs_excluding_finalized_stops(
+        self, statuses: Iterable[JobStatus]
+    ) -> list[JobState]:
+        wanted = {int(s) for s in statuses}
+        with self._lock:
+            rows = sorted(
+                (
+                    (job_id, row)
+                    for job_id, row in self._p.jobs.items()
+                    if row.status in wanted
+                    and not (row.status == JobStatus.STOPPED and row.stop_finalized)
+                ),
+                key=lambda item: (item[1].created_us, item[0]),
+            )
+        decoded = (self._codec.decode_job_or_skip(r.document, r.version, i) for i, r in rows)
+        return [state for state in decoded if state is not None]
+
+
+class MemoryJobStepStorage(_Base):
+    async def get(self, job_id: str, step_id: str) -> JobStepState:
+        state = await self.find(job_id, step_id)
+        if state is None:
+            raise not_found_step(job_id, step_id, self.key)
+        return state
+
+    async def find(self, job_id: str, step_id: str) -> JobStepState | None:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        with self._lock:
+            row = self._p.steps.get(job_id, {}).get(step_id)
+        if row is None:
+            return None
+        return self._codec.decode_step(row.document, row.version, step_id)
+
+    async def save(self, state: JobStepState) -> int:
+        return (await self.save_many([state]))[0]
+
+    async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
+        if not states:
+            return []
+        pairs = []
+        for state in states:
+            check_id(state.job_id, "job id")
+            check_id(state.id, "step id")
+            pairs.append((state.job_id, state.id))
+        check_unique(pairs)
+        documents = [self._codec.encode_step(state) for state in states]
+        with self._lock:
+            conflicts = []
+            for state in states:
+                row = self._p.steps.get(state.job_id, {}).get(state.id)
+                stored = row.version if row is not None else 0
+                if stored != state.version:
+                    conflicts.append(state.id)
+            if conflicts:
+                raise VersionConflictError(
+                    f"{len(conflicts)} step record(s) changed since they were read "
+                    f"(first: {conflicts[0]!r}); nothing of the batch was written",
+                    conflicts,
+                )
+            versions = []
+            for state, document in zip(states, documents, strict=True):
+                version = state.version + 1
+                self._p.steps.setdefault(state.job_id, {})[state.id] = StepRow(
+                    version=version,
+                    status=int(state.status),
+                    stage=state.stage,
+                    document=document,
+                )
+                versions.append(version)
+        return versions
+
+    def _rows(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None
+    ) -> list[tuple[str, StepRow]]:
+        check_id(job_id, "job id")
+        wanted = None if statuses is None else {int(s) for s in statuses}
+        with self._lock:
+            rows = [
+                (step_id, row)
+                for step_id, row in self._p.steps.get(job_id, {}).items()
+                if wanted is None or row.status in wanted
+            ]
+        rows.sort(key=lambda item: (item[1].stage, item[0]))
+        return rows
+
+    async def get_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        decoded = (
+            self._codec.decode_step_or_skip(r.document, r.version, i)
+            for i, r in self._rows(job_id, statuses)
+        )
+        return [state for state in decoded if state is not None]
+
+    async def count_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> int:
+        return len(self._rows(job_id, statuses))
+
+    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
+        counts: dict[JobStepStatus, int] = {}
+        for _, row in self._rows(job_id, None):
+            status = JobStepStatus(row.status)
+            counts[status] = counts.get(status, 0) + 1
+        return counts
+
+    async def remove(self, job_id: str, step_id: str) -> bool:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        with self._lock:
+            return self._p.steps.get(job_id, {}).pop(step_id, None) is not None
+
+    async def remove_all_for_job(self, job_id: str) -> int:
+        check_id(job_id, "job id")
+        with self._lock:
+            return len(self._p.steps.pop(job_id, {}))
+
+    async def remove_all_non_failed_for_job(self, job_id: str) -> int:
+        check_id(job_id, "job id")
+        failed = {int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE)}
+        with self._lock:
+            steps = self._p.steps.get(job_id, {})
+            doomed = [step_id for step_id, row in steps.items() if row.status not in failed]
+            for step_id in doomed:
+                del steps[step_id]
+            return len(doomed)
+
+
+class MemoryStepPlanStorage(_Base):
+    async def save_plan(self, job_id: str, incarnation: int, steps: Sequence[PlannedStep]) -> None:
+        check_id(job_id, "job id")
+        documents = [self._codec.encode_planned(planned) for planned in steps]
+        with self._lock:
+            self._p.plans[(job_id, incarnation)] = documents
+
+    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
+        check_id(job_id, "job id")
+        with self._lock:
+            documents = list(self._p.plans.get((job_id, incarnation), ()))
+        return [self._codec.decode_planned(document) for document in documents]
+
+    async def delete_plan(self, job_id: str, incarnation: int) -> int:
+        check_id(job_id, "job id")
+        with self._lock:
+            return len(self._p.plans.pop((job_id, incarnation), ()))

@@ -1,0 +1,160 @@
+"""What the engine asks of storage, and what every provider answers.
+
+Every write of a job or step record is compare-and-set on its `version`: a record read at
+version N can only be written back while the stored version is still N, and the write makes it
+N + 1. Version 0 means "never saved": such a write inserts and fails if the record exists.
+A lost compare-and-set raises `VersionConflictError` and changes nothing of that record.
+
+Everything is partitioned by `JobKey` (scope, namespace): a `JobsStorage` sees only its own
+partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep, utc
+from ..jobs.status import JobStatus, JobStepStatus
+
+
+class JobQuery(BaseModel):
+    """A page of jobs, ordered by creation time and then id.
+
+    `statuses` empty means every status; `created_before` is exclusive; `take` <= 0 means no
+    limit.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str | None = None
+    statuses: frozenset[JobStatus] = Field(default_factory=frozenset)
+    created_before: datetime | None = None
+    skip: int = 0
+    take: int = 100
+
+    @field_validator("created_before")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return utc(value) if value is not None else None
+
+    @field_validator("skip")
+    @classmethod
+    def _skip(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("skip must not be negative")
+        return value
+
+
+@dataclass(frozen=True)
+class StorageCapabilities:
+    """What a provider can do beyond the contract every provider keeps."""
+
+    external_step_plans: bool
+    """Plans can be stored apart from the job record, one record per step."""
+    atomic_batches: bool
+    """`save_many` applies all records of a batch or none."""
+    shared_across_processes: bool
+    """Two processes opening the same URL see the same data."""
+
+
+@runtime_checkable
+class JobStorage(Protocol):
+    async def get(self, job_id: str) -> JobState:
+        """The job; `RecordNotFoundError` when it does not exist."""
+        ...
+
+    async def find(self, job_id: str) -> JobState | None:
+        """The job, or None when it does not exist."""
+        ...
+
+    async def save(self, state: JobState) -> int:
+        """Compare-and-set on `state.version`; returns the new version."""
+        ...
+
+    async def remove(self, job_id: str) -> bool: ...
+
+    async def remove_terminal(self, job_id: str) -> bool:
+        """Delete the job only if its stored status is terminal; True if it was deleted."""
+        ...
+
+    async def query(self, query: JobQuery | None = None) -> list[JobState]: ...
+
+    async def count(self, query: JobQuery | None = None) -> int:
+        """How many jobs match the query's type, statuses and creation bound."""
+        ...
+
+    async def get_jobs_excluding_finalized_stops(
+        self, statuses: Iterable[JobStatus]
+    ) -> list[JobState]:
+        """Jobs in `statuses`, leaving out Stopped jobs whose stop is finalized."""
+        ...
+
+
+@runtime_checkable
+class JobStepStorage(Protocol):
+    async def get(self, job_id: str, step_id: str) -> JobStepState: ...
+
+    async def find(self, job_id: str, step_id: str) -> JobStepState | None: ...
+
+    async def save(self, state: JobStepState) -> int: ...
+
+    async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
+        """Compare-and-set every record in one round trip; new versions in input order.
+
+        A record may appear once per batch. Records that lose are listed in the raised
+        `VersionConflictError`; with `atomic_batches` nothing of the batch is written then.
+        """
+        ...
+
+    async def get_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        """The job's steps, ordered by stage and id; all statuses when `statuses` is None."""
+        ...
+
+    async def count_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> int: ...
+
+    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]: ...
+
+    async def remove(self, job_id: str, step_id: str) -> bool: ...
+
+    async def remove_all_for_job(self, job_id: str) -> int: ...
+
+    async def remove_all_non_failed_for_job(self, job_id: str) -> int:
+        """Delete the job's steps except the failed ones, which stay queryable."""
+        ...
+
+
+@runtime_checkable
+class StepPlanStorage(Protocol):
+    """Plans kept apart from the job record, fenced by incarnation."""
+
+    async def save_plan(self, job_id: str, incarnation: int, steps: Sequence[PlannedStep]) -> None:
+        """Store the plan in bounded batches, replacing an earlier attempt of this incarnation."""
+        ...
+
+    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
+        """The plan of that incarnation, in plan order; empty when none is stored."""
+        ...
+
+    async def delete_plan(self, job_id: str, incarnation: int) -> int:
+        """Delete that incarnation's plan only; returns how many records went."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobsStorage:
+    """Everything stored for one (scope, namespace)."""
+
+    key: JobKey
+    jobs: JobStorage
+    steps: JobStepStorage
+    plans: StepPlanStorage | None
+    """None where the provider keeps plans inline only."""

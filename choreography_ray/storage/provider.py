@@ -1,0 +1,156 @@
+"""The base every storage provider shares, and the choice of provider by URL."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
+
+from ..jobs.errors import ConfigurationError
+from ..jobs.options import JobsOptions
+from ..jobs.registry import TypeRegistry, default_registry
+from ..jobs.state import JobKey
+from .codec import RecordCodec
+from .protocols import JobsStorage, StorageCapabilities
+from .retry import TransientRetry
+from .url import StorageURL
+
+T = TypeVar("T")
+
+PROVIDERS: dict[str, str] = {
+    "memory": "choreography_ray.storage.memory:MemoryStorage",
+    "sqlite": "choreography_ray.storage.sql:SqlStorage",
+    "postgresql": "choreography_ray.storage.sql:SqlStorage",
+    "postgresql+psycopg": "choreography_ray.storage.sql:SqlStorage",
+    "mongodb": "choreography_ray.storage.mongo:MongoStorage",
+    "mongodb+srv": "choreography_ray.storage.mongo:MongoStorage",
+    "mongomock": "choreography_ray.storage.mongo:MongoStorage",
+}
+"""URL scheme -> provider class, imported only when that scheme is used."""
+
+
+class StorageProvider(ABC):
+    """Opens the per-(scope, namespace) storages of one URL and shares their resources."""
+
+    capabilities: ClassVar[StorageCapabilities]
+
+    def __init__(
+        self,
+        url: StorageURL,
+        *,
+        registry: TypeRegistry | None = None,
+        options: JobsOptions | None = None,
+    ) -> None:
+        self.url = url
+        self.registry = registry or default_registry
+        self.options = options or JobsOptions()
+        self.codec = RecordCodec(self.registry)
+        self._partitions: dict[JobKey, JobsStorage] = {}
+        self._partitions_lock = threading.Lock()
+
+    def for_key(self, key: JobKey | None = None, /, **parts: str) -> JobsStorage:
+        """The storage of one partition; `for_key(scope=..., namespace=...)` works too."""
+        key = key or JobKey(**parts)
+        with self._partitions_lock:
+            partition = self._partitions.get(key)
+            if partition is None:
+                partition = self._open_partition(key)
+                self._partitions[key] = partition
+            return partition
+
+    @abstractmethod
+    def _open_partition(self, key: JobKey) -> JobsStorage: ...
+
+    async def initialize(self) -> None:  # noqa: B027 - most providers need nothing
+        """Create what the provider needs (schema, indexes); safe to call more than once."""
+
+    async def close(self) -> None:  # noqa: B027 - most providers hold nothing
+        """Release connections and threads."""
+
+    async def __aenter__(self) -> StorageProvider:
+        await self.initialize()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url.redacted!r})"
+
+
+class ThreadedProvider(StorageProvider):
+    """A provider over a blocking driver: calls run on its own threads, with transient retries.
+
+    The event loop of a host never blocks on storage; a batch costs one thread hop.
+    """
+
+    def __init__(
+        self,
+        url: StorageURL,
+        *,
+        registry: TypeRegistry | None = None,
+        options: JobsOptions | None = None,
+        threads: int = 4,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(url, registry=registry, options=options)
+        self._executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix=f"choreography-{url.dialect}"
+        )
+        retry_args: dict[str, Any] = {
+            "attempts": self.options.transient_retry_attempts,
+            "base_delay": self.options.transient_retry_base_delay,
+            "max_delay": self.options.max_transient_retry_delay,
+            "what": f"storage {url.redacted}",
+        }
+        if sleep is not None:
+            retry_args["sleep"] = sleep
+        self.retry = TransientRetry(self.is_transient, **retry_args)
+
+    @abstractmethod
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether `error` is worth retrying: a dropped connection, a timeout, a busy store."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.retry.call, fn, *args)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def provider_class(url: StorageURL) -> type[StorageProvider]:
+    target = PROVIDERS.get(url.scheme)
+    if target is None:
+        raise ConfigurationError(
+            f"storage URL {url.redacted!r}: unknown scheme {url.scheme!r}; "
+            f"supported: {', '.join(sorted(PROVIDERS))}"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigurationError(
+            f"storage URL {url.redacted!r} needs a driver that is not installed "
+            f"({error.name}); install choreography-ray with its dependencies"
+        ) from error
+    cls = getattr(module, class_name)
+    if not (isinstance(cls, type) and issubclass(cls, StorageProvider)):
+        raise ConfigurationError(f"{target} is not a storage provider")
+    return cls
+
+
+def open_storage(
+    url: str | StorageURL,
+    *,
+    registry: TypeRegistry | None = None,
+    options: JobsOptions | None = None,
+    **provider_args: Any,
+) -> StorageProvider:
+    """The provider for `url`. Call `await provider.initialize()` before first use."""
+    parsed = url if isinstance(url, StorageURL) else StorageURL(url)
+    return provider_class(parsed)(parsed, registry=registry, options=options, **provider_args)

@@ -1,0 +1,82 @@
+"""Bounded retries of transient storage failures.
+
+A dropped connection or a timeout is retried with exponential backoff and jitter, a bounded
+number of times; any other error surfaces at once. Each provider says which errors are
+transient. `sleep` is injectable so that tests never wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from ..jobs.errors import StorageUnavailableError
+
+log = logging.getLogger("choreography_ray.storage")
+
+T = TypeVar("T")
+
+
+class TransientRetry:
+    """Runs a storage call, retrying it while it fails with a transient error."""
+
+    def __init__(
+        self,
+        is_transient: Callable[[BaseException], bool],
+        *,
+        attempts: int = 5,
+        base_delay: timedelta = timedelta(milliseconds=100),
+        max_delay: timedelta = timedelta(seconds=5),
+        sleep: Callable[[float], None] = time.sleep,
+        what: str = "storage",
+    ) -> None:
+        self.is_transient = is_transient
+        self.attempts = attempts
+        self.base_delay = base_delay.total_seconds()
+        self.max_delay = max_delay.total_seconds()
+        self.sleep = sleep
+        self.what = what
+
+    def call(self, fn: Callable[..., T], *args: object) -> T:
+        retrying = Retrying(
+            retry=retry_if_exception(self.is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(
+                initial=self.base_delay, max=self.max_delay, jitter=self.base_delay
+            ),
+            sleep=self.sleep,
+            before_sleep=self._log,
+            reraise=False,
+        )
+        try:
+            return retrying(fn, *args)
+        except Exception as error:  # tenacity wraps the last transient failure
+            last = getattr(error, "last_attempt", None)
+            if last is not None:
+                cause = last.exception()
+                raise StorageUnavailableError(
+                    f"{self.what} failed {self.attempts} times with a transient error; "
+                    f"last: {type(cause).__name__}: {cause}"
+                ) from cause
+            raise
+
+    def _log(self, state: RetryCallState) -> None:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        log.warning(
+            "%s: transient error on attempt %d, retrying: %s",
+            self.what,
+            state.attempt_number,
+            error,
+        )

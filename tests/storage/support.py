@@ -1,0 +1,103 @@
+"""How the contract suite opens each provider and plants raw records in it.
+
+Each provider has a `ProviderSupport`: it opens a fresh, initialized provider for one test
+and writes records behind the provider's back (malformed JSON, unknown types), as a bug or
+a tampered database would.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from choreography_ray.jobs import JobKey, TypeRegistry
+from choreography_ray.storage import StorageProvider
+
+POSTGRES_ENV = "CHOREOGRAPHY_TEST_POSTGRES_URL"
+MONGODB_ENV = "CHOREOGRAPHY_TEST_MONGODB_URL"
+
+
+class ProviderSupport(Protocol):
+    name: str
+
+    def available(self) -> str | None:
+        """None when usable here, else why the provider is skipped."""
+        ...
+
+    async def open(self, tmp_path: Path, registry: TypeRegistry) -> StorageProvider: ...
+
+    async def write_raw_job(
+        self,
+        provider: StorageProvider,
+        key: JobKey,
+        job_id: str,
+        *,
+        document: str,
+        type: str,
+        status: int,
+        created_us: int,
+    ) -> None:
+        """Store `document` as the job's record, bypassing the codec."""
+        ...
+
+    async def write_raw_step(
+        self,
+        provider: StorageProvider,
+        key: JobKey,
+        job_id: str,
+        step_id: str,
+        *,
+        document: str,
+        status: int,
+        stage: int,
+    ) -> None: ...
+
+
+class MemorySupport:
+    name = "memory"
+
+    def available(self) -> str | None:
+        return None
+
+    async def open(self, tmp_path: Path, registry: TypeRegistry) -> StorageProvider:
+        from choreography_ray.storage import open_storage
+
+        provider = open_storage(f"memory://contract-{uuid.uuid4().hex}", registry=registry)
+        await provider.initialize()
+        return provider
+
+    async def write_raw_job(self, provider, key, job_id, *, document, type, status, created_us):
+        from choreography_ray.storage.memory import JobRow
+
+        partition = provider.store.partition(key)
+        partition.jobs[job_id] = JobRow(1, type, status, created_us, False, document)
+
+    async def write_raw_step(self, provider, key, job_id, step_id, *, document, status, stage):
+        from choreography_ray.storage.memory import StepRow
+
+        partition = provider.store.partition(key)
+        partition.steps.setdefault(job_id, {})[step_id] = StepRow(1, status, stage, document)
+
+
+def supports() -> list[ProviderSupport]:
+    """Every provider the contract suite runs against."""
+    found: list[ProviderSupport] = [MemorySupport()]
+    try:
+        from .sql_support import PostgresSupport, SqliteSupport
+
+        found += [SqliteSupport(), PostgresSupport()]
+    except ImportError:  # pragma: no cover - during development of the provider
+        pass
+    try:
+        from .mongo_support import MongomockSupport, MongoServerSupport
+
+        found += [MongomockSupport(), MongoServerSupport()]
+    except ImportError:  # pragma: no cover
+        pass
+    return found
+
+
+def env(name: str) -> str | None:
+    return os.environ.get(name) or None
