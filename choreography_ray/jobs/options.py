@@ -8,6 +8,7 @@ a file, where the value came from.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -33,14 +34,22 @@ def parse_duration(value: Any) -> timedelta:
         return value
     if isinstance(value, bool):
         raise ValueError("expected a duration, got a boolean")
+    seconds: float | None = None
     if isinstance(value, int | float):
-        return timedelta(seconds=value)
-    if isinstance(value, str):
+        seconds = value
+    elif isinstance(value, str):
         match = _DURATION.match(value)
         if match:
             unit = match["unit"].lower() if match["unit"] else None
-            return timedelta(seconds=float(match["n"]) * _UNIT_SECONDS[unit])
-    raise ValueError(f"expected a duration such as 10s, 5m, 1h or 7d; got {value!r}")
+            seconds = float(match["n"]) * _UNIT_SECONDS[unit]
+    if seconds is None:
+        raise ValueError(f"expected a duration such as 10s, 5m, 1h or 7d; got {value!r}")
+    if isinstance(seconds, float) and not math.isfinite(seconds):
+        raise ValueError(f"expected a finite duration; got {value!r}")
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"duration {value!r} is too large") from None
 
 
 def default_max_parallel_steps() -> int:
@@ -117,6 +126,27 @@ class JobsOptions(BaseModel):
         if duration <= timedelta(0):
             raise ValueError("must be positive, or 'infinite' to keep jobs forever")
         return duration
+
+    @field_validator(
+        "max_parallel_steps",
+        "max_active_steps_per_job",
+        "step_checkpoint_batch_interval",
+        "max_concurrent_rehydration",
+        "max_concurrent_cleanup",
+        "max_terminal_jobs_per_cleanup",
+        "max_concurrent_step_starts",
+        "max_step_attempts",
+        "step_delivery_max_attempts",
+        "max_inline_step_plan_size",
+        "transient_retry_attempts",
+        mode="before",
+    )
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # pydantic reads True as 1; a boolean where a count belongs is a mistake, not a count.
+        if isinstance(value, bool):
+            raise ValueError(f"expected a whole number, got a boolean ({value!r})")
+        return value
 
     @field_validator(
         "step_checkpoint_batch_interval",

@@ -60,11 +60,13 @@ class TypeRegistry:
         re-imported; another class under a taken name is an error.
         """
         kind = TypeKind(kind)
+        if not isinstance(cls, type):
+            raise TypeRegistryError(f"{cls!r} cannot be registered as a {kind} type: not a class")
         if kind in _MODEL_KINDS and not (isinstance(cls, type) and issubclass(cls, BaseModel)):
             raise TypeRegistryError(
                 f"{cls!r} cannot be registered as a {kind} type: it must be a pydantic model"
             )
-        name = name or f"{cls.__module__}.{cls.__qualname__}"
+        name = f"{cls.__module__}.{cls.__qualname__}" if name is None else name
         if not name or not name.strip():
             raise TypeRegistryError(f"{cls!r}: a registered name must not be empty")
         with self._lock:

@@ -125,6 +125,11 @@ class JobOwner(_Model):
     activation_epoch: int = 0
     lease_expires: datetime | None = None
 
+    @field_validator("lease_expires")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else utc(value)
+
 
 class PlannedStep(_Model):
     """One entry of a saved plan: everything needed to prepare the step again."""
@@ -184,6 +189,8 @@ class StepLease(_Model):
     node: str
     activation: str
     heartbeat: datetime
+
+    _utc = field_validator("heartbeat")(classmethod(lambda cls, v: utc(v)))
 
 
 class StepError(_Model):

@@ -1,0 +1,1 @@
+"""Placement: controller and worker roles, directors, per-node step parallelism."""

@@ -1,0 +1,1 @@
+"""Recovery: rehydration of interrupted jobs, key providers, election, watchdog and leases."""

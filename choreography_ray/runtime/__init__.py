@@ -1,0 +1,1 @@
+"""The Ray shell: host actors, activation and routing, the Jobs client, membership."""

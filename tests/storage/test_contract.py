@@ -1,0 +1,666 @@
+"""The storage contract: every provider answers every operation the same way.
+
+Each test runs once per provider (memory, sqlite, postgres, mongomock, and a real MongoDB when
+configured). Provider differences are capability flags, never provider names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from choreography_ray.jobs import (
+    JobKey,
+    JobStatus,
+    JobStepStatus,
+    MalformedRecordError,
+    Payload,
+    PlannedStep,
+    RecordNotFoundError,
+    StorageJobError,
+    UnknownTypeError,
+    VersionConflictError,
+)
+from choreography_ray.storage import JobQuery
+
+from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
+
+# -- jobs: reading and writing ------------------------------------------------------------------
+
+
+def test_a_saved_job_reads_back_equal_with_version_one(run, storage, make):
+    job = make.job()
+    assert run(storage.jobs.save(job)) == 1
+    stored = run(storage.jobs.get(job.id))
+    assert stored == job.model_copy(update={"version": 1})
+
+
+def test_a_missing_job_is_not_found(run, storage):
+    assert run(storage.jobs.find("nope")) is None
+    with pytest.raises(RecordNotFoundError) as raised:
+        run(storage.jobs.get("nope"))
+    assert raised.value.code == StorageJobError.NOT_FOUND
+    assert "nope" in str(raised.value)
+
+
+def test_inserting_a_job_that_exists_conflicts(run, storage, make):
+    job = make.job()
+    run(storage.jobs.save(job))
+    with pytest.raises(VersionConflictError) as raised:
+        run(storage.jobs.save(job.model_copy(update={"details": "second"})))
+    assert raised.value.conflicts == [job.id]
+    assert run(storage.jobs.get(job.id)).details == ""
+
+
+def test_an_update_with_the_stored_version_succeeds_and_bumps_it(run, storage, make):
+    job = make.job()
+    job.version = run(storage.jobs.save(job))
+    job.status = JobStatus.STOPPED
+    assert run(storage.jobs.save(job)) == 2
+    assert run(storage.jobs.get(job.id)).status == JobStatus.STOPPED
+
+
+def test_an_update_with_a_stale_version_conflicts_and_changes_nothing(run, storage, make):
+    job = make.job()
+    run(storage.jobs.save(job))
+    stale = job.model_copy(update={"version": 1, "details": "first"})
+    assert run(storage.jobs.save(stale)) == 2
+    with pytest.raises(VersionConflictError):
+        run(storage.jobs.save(stale.model_copy(update={"details": "second"})))
+    assert run(storage.jobs.get(job.id)).details == "first"
+
+
+def test_an_update_of_a_job_that_does_not_exist_conflicts(run, storage, make):
+    with pytest.raises(VersionConflictError):
+        run(storage.jobs.save(make.job(version=3)))
+
+
+def test_of_two_writers_of_one_version_exactly_one_wins(run, storage, make):
+    job = make.job()
+    job.version = run(storage.jobs.save(job))
+
+    async def both():
+        first = job.model_copy(update={"details": "a"})
+        second = job.model_copy(update={"details": "b"})
+        return await asyncio.gather(
+            storage.jobs.save(first), storage.jobs.save(second), return_exceptions=True
+        )
+
+    results = run(both())
+    wins = [r for r in results if r == 2]
+    losses = [r for r in results if isinstance(r, VersionConflictError)]
+    assert len(wins) == 1 and len(losses) == 1
+    assert run(storage.jobs.get(job.id)).details in {"a", "b"}
+
+
+def test_of_two_inserts_of_one_job_exactly_one_wins(run, storage, make):
+    job = make.job()
+
+    async def both():
+        return await asyncio.gather(
+            storage.jobs.save(job.model_copy(update={"details": "a"})),
+            storage.jobs.save(job.model_copy(update={"details": "b"})),
+            return_exceptions=True,
+        )
+
+    results = run(both())
+    assert sorted(type(r).__name__ for r in results) == ["VersionConflictError", "int"]
+
+
+def test_removing_a_job_deletes_it_once(run, storage, make):
+    job = make.job()
+    run(storage.jobs.save(job))
+    assert run(storage.jobs.remove(job.id)) is True
+    assert run(storage.jobs.find(job.id)) is None
+    assert run(storage.jobs.remove(job.id)) is False
+
+
+@pytest.mark.parametrize(
+    "status", [JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED]
+)
+def test_remove_terminal_deletes_a_terminal_job(run, storage, make, status):
+    job = make.job(status=status)
+    run(storage.jobs.save(job))
+    assert run(storage.jobs.remove_terminal(job.id)) is True
+    assert run(storage.jobs.find(job.id)) is None
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        JobStatus.PREPARING_JOB,
+        JobStatus.PREPARING_STEPS,
+        JobStatus.STARTING_STEPS,
+        JobStatus.RUNNING,
+        JobStatus.STOPPED,
+        JobStatus.REMOVING,
+    ],
+)
+def test_remove_terminal_never_deletes_a_live_job(run, storage, make, status):
+    job = make.job(status=status)
+    run(storage.jobs.save(job))
+    assert run(storage.jobs.remove_terminal(job.id)) is False
+    assert run(storage.jobs.get(job.id)).status == status
+
+
+def test_remove_terminal_of_a_missing_job_is_false(run, storage):
+    assert run(storage.jobs.remove_terminal("missing")) is False
+
+
+# -- jobs: queries ------------------------------------------------------------------------------
+
+
+def _ids(jobs):
+    return [job.id for job in jobs]
+
+
+def test_a_query_orders_by_creation_then_id(run, storage, make):
+    jobs = [
+        make.job("c", created=make.at(1)),
+        make.job("b", created=make.at(2)),
+        make.job("a", created=make.at(2)),
+        make.job("d", created=make.at(0)),
+    ]
+    for job in jobs:
+        run(storage.jobs.save(job))
+    assert _ids(run(storage.jobs.query(JobQuery()))) == ["d", "c", "a", "b"]
+    assert _ids(run(storage.jobs.query())) == ["d", "c", "a", "b"]
+
+
+def test_a_query_filters_by_type_and_status(run, storage, make, registry):
+    class OtherJob:
+        pass
+
+    registry.register(OtherJob, kind="job", name="contract.other-job")
+    run(storage.jobs.save(make.job("r", status=JobStatus.RUNNING, created=make.at(1))))
+    run(storage.jobs.save(make.job("s", status=JobStatus.STOPPED, created=make.at(2))))
+    run(storage.jobs.save(make.job("f", status=JobStatus.FAILED, created=make.at(3))))
+    run(storage.jobs.save(make.job("o", type="contract.other-job", created=make.at(4))))
+    running_or_stopped = JobQuery(statuses=frozenset({JobStatus.RUNNING, JobStatus.STOPPED}))
+    assert _ids(run(storage.jobs.query(running_or_stopped))) == ["r", "s", "o"]
+    assert _ids(run(storage.jobs.query(JobQuery(type=JOB_TYPE)))) == ["r", "s", "f"]
+    both = JobQuery(type="contract.other-job", statuses=frozenset({JobStatus.RUNNING}))
+    assert _ids(run(storage.jobs.query(both))) == ["o"]
+    assert run(storage.jobs.count(JobQuery(type=JOB_TYPE))) == 3
+    assert run(storage.jobs.count()) == 4
+
+
+def test_created_before_is_exclusive(run, storage, make):
+    for minute in range(4):
+        run(storage.jobs.save(make.job(f"j{minute}", created=make.at(minute))))
+    before = JobQuery(created_before=make.at(2))
+    assert _ids(run(storage.jobs.query(before))) == ["j0", "j1"]
+    assert run(storage.jobs.count(before)) == 2
+
+
+def test_skip_and_take_page_through_the_order(run, storage, make):
+    for minute in range(7):
+        run(storage.jobs.save(make.job(f"j{minute}", created=make.at(minute))))
+    assert _ids(run(storage.jobs.query(JobQuery(skip=2, take=3)))) == ["j2", "j3", "j4"]
+    assert _ids(run(storage.jobs.query(JobQuery(skip=5, take=3)))) == ["j5", "j6"]
+    assert len(run(storage.jobs.query(JobQuery(take=0)))) == 7
+    assert len(run(storage.jobs.query(JobQuery(take=-1)))) == 7
+    assert run(storage.jobs.query(JobQuery(skip=9))) == []
+
+
+def test_take_defaults_to_a_page_of_one_hundred(run, storage, make):
+    for n in range(105):
+        run(storage.jobs.save(make.job(f"j{n:03}", created=make.at(n))))
+    assert len(run(storage.jobs.query())) == 100
+
+
+def test_listing_excluding_finalized_stops_leaves_out_only_finalized_stopped_jobs(
+    run, storage, make
+):
+    cases = {
+        "running": (JobStatus.RUNNING, False),
+        "preparing": (JobStatus.PREPARING_STEPS, False),
+        "stopped-open": (JobStatus.STOPPED, False),
+        "stopped-final": (JobStatus.STOPPED, True),
+        "removing-final": (JobStatus.REMOVING, True),
+        "removing-open": (JobStatus.REMOVING, False),
+        "completed": (JobStatus.COMPLETED_SUCCESSFULLY, False),
+    }
+    for minute, (job_id, (status, finalized)) in enumerate(cases.items()):
+        job = make.job(job_id, status=status, stop_finalized=finalized, created=make.at(minute))
+        run(storage.jobs.save(job))
+    wanted = [
+        JobStatus.RUNNING,
+        JobStatus.PREPARING_STEPS,
+        JobStatus.STOPPED,
+        JobStatus.REMOVING,
+    ]
+    found = run(storage.jobs.get_jobs_excluding_finalized_stops(wanted))
+    assert _ids(found) == ["running", "preparing", "stopped-open", "removing-final", "removing-open"]
+
+
+def test_a_finalized_stop_that_resumes_and_stops_again_is_listed(run, storage, make):
+    job = make.job(status=JobStatus.STOPPED, stop_finalized=True)
+    job.version = run(storage.jobs.save(job))
+    assert run(storage.jobs.get_jobs_excluding_finalized_stops([JobStatus.STOPPED])) == []
+    job.stop_finalized = False
+    run(storage.jobs.save(job))
+    assert _ids(run(storage.jobs.get_jobs_excluding_finalized_stops([JobStatus.STOPPED]))) == [
+        job.id
+    ]
+
+
+# -- isolation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "other", [{"namespace": "tenant-b"}, {"scope": "another-scope"}], ids=["namespace", "scope"]
+)
+def test_scopes_and_namespaces_do_not_see_or_touch_each_other(
+    run, provider, storage, make, key, other
+):
+    other_key = key.model_copy(update=other)
+    other_storage = provider.for_key(other_key)
+    mine = make.job("shared-id", details="mine", status=JobStatus.COMPLETED_SUCCESSFULLY)
+    theirs = mine.model_copy(update={"key": other_key, "details": "theirs"})
+    run(storage.jobs.save(mine))
+    run(other_storage.jobs.save(theirs))
+    run(storage.steps.save(make.step("shared-id", "step-1")))
+
+    assert run(other_storage.jobs.get("shared-id")).details == "theirs"
+    assert run(other_storage.steps.get_for_job("shared-id")) == []
+    assert run(other_storage.steps.count_for_job("shared-id")) == 0
+    assert run(other_storage.steps.find("shared-id", "step-1")) is None
+    assert run(other_storage.jobs.count()) == 1
+
+    assert run(other_storage.jobs.remove_terminal("shared-id")) is True
+    assert run(other_storage.steps.remove_all_for_job("shared-id")) == 0
+    assert run(storage.jobs.get("shared-id")).details == "mine"
+    assert run(storage.steps.count_for_job("shared-id")) == 1
+    assert _ids(run(storage.jobs.query())) == ["shared-id"]
+    assert run(other_storage.jobs.query()) == []
+
+
+def test_a_partition_refuses_a_job_of_another_partition(run, storage, make, key):
+    foreign = make.job(key=JobKey(scope=key.scope, namespace="elsewhere"))
+    with pytest.raises(ValueError, match="belongs to"):
+        run(storage.jobs.save(foreign))
+
+
+def test_the_same_partition_twice_is_one_partition(run, provider, storage, make, key):
+    run(storage.jobs.save(make.job("j")))
+    again = provider.for_key(JobKey(scope=key.scope, namespace=key.namespace))
+    assert run(again.jobs.get("j")).id == "j"
+
+
+@pytest.mark.parametrize("bad", ["", None, 42, "x" * 201])
+def test_a_bad_job_id_is_a_clear_error(run, storage, bad):
+    with pytest.raises(ValueError, match="job id"):
+        run(storage.jobs.get(bad))
+
+
+# -- unreadable records -------------------------------------------------------------------------
+
+
+def _raw_job(run, support, provider, key, job_id, document, *, type=JOB_TYPE, minute=0):
+    run(
+        support.write_raw_job(
+            provider,
+            key,
+            job_id,
+            document=document,
+            type=type,
+            status=int(JobStatus.RUNNING),
+            created_us=1_700_000_000_000_000 + minute,
+        )
+    )
+
+
+def test_a_malformed_job_is_skipped_in_listings_and_an_error_when_read(
+    run, support, provider, storage, key, make, caplog
+):
+    run(storage.jobs.save(make.job("good", created=make.at(0))))
+    _raw_job(run, support, provider, key, "bad", "{not json", minute=1)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.storage"):
+        assert _ids(run(storage.jobs.query())) == ["good"]
+        assert _ids(run(storage.jobs.get_jobs_excluding_finalized_stops([JobStatus.RUNNING]))) == [
+            "good"
+        ]
+    assert any("bad" in record.getMessage() for record in caplog.records)
+    with pytest.raises(MalformedRecordError, match="bad"):
+        run(storage.jobs.get("bad"))
+
+
+def test_a_job_whose_record_misses_fields_is_malformed(run, support, provider, storage, key):
+    _raw_job(run, support, provider, key, "partial", json.dumps({"id": "partial"}))
+    with pytest.raises(MalformedRecordError):
+        run(storage.jobs.get("partial"))
+    assert run(storage.jobs.query()) == []
+
+
+def test_a_job_of_an_unknown_type_is_skipped_and_never_imported(
+    run, support, provider, storage, key, make, caplog
+):
+    run(storage.jobs.save(make.job("good", created=make.at(0))))
+    document = make.job("evil", type="os.system").model_dump_json()
+    _raw_job(run, support, provider, key, "evil", document, type="os.system", minute=1)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.storage"):
+        assert _ids(run(storage.jobs.query())) == ["good"]
+    with pytest.raises(UnknownTypeError) as raised:
+        run(storage.jobs.get("evil"))
+    assert raised.value.name == "os.system"
+
+
+def test_a_listing_of_only_unknown_types_is_empty(run, support, provider, storage, key, make):
+    for n in range(3):
+        document = make.job(f"u{n}", type="nobody.knows").model_dump_json()
+        _raw_job(run, support, provider, key, f"u{n}", document, type="nobody.knows", minute=n)
+    assert run(storage.jobs.query()) == []
+    assert run(storage.jobs.count()) == 3
+
+
+def test_a_job_whose_request_type_is_unknown_cannot_be_read(run, support, provider, storage, key, make):
+    job = make.job("odd", request=Payload(type="not.registered", data={}))
+    _raw_job(run, support, provider, key, "odd", job.model_dump_json())
+    with pytest.raises(UnknownTypeError):
+        run(storage.jobs.get("odd"))
+
+
+def test_a_job_whose_request_does_not_fit_its_type_is_malformed(
+    run, support, provider, storage, key, make
+):
+    job = make.job("odd", request=Payload(type="contract.request", data={"index": 3}))
+    _raw_job(run, support, provider, key, "odd", job.model_dump_json())
+    with pytest.raises(MalformedRecordError, match="contract.request"):
+        run(storage.jobs.get("odd"))
+
+
+def test_saving_a_job_does_not_validate_away_unknown_data(run, storage, make):
+    job = make.job(plan=[
+        PlannedStep(
+            step_id="s1",
+            stage=1,
+            step_type=STEP_TYPE,
+            request=Payload(type="contract.request", data={"index": "x", "shard": 2}),
+        )
+    ])
+    run(storage.jobs.save(job))
+    assert run(storage.jobs.get(job.id)).plan == job.plan
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+def test_a_saved_step_reads_back_equal(run, storage, make):
+    step = make.step("job-1", "step-1", stage=2, name="shard 1")
+    assert run(storage.steps.save(step)) == 1
+    assert run(storage.steps.get("job-1", "step-1")) == step.model_copy(update={"version": 1})
+
+
+def test_a_missing_step_is_not_found(run, storage):
+    assert run(storage.steps.find("job", "step")) is None
+    with pytest.raises(RecordNotFoundError, match="step"):
+        run(storage.steps.get("job", "step"))
+
+
+def test_step_writes_are_compare_and_set(run, storage, make):
+    step = make.step("job-1", "step-1")
+    step.version = run(storage.steps.save(step))
+    with pytest.raises(VersionConflictError):
+        run(storage.steps.save(step.model_copy(update={"version": 0})))
+    step.status = JobStepStatus.RUNNING
+    assert run(storage.steps.save(step)) == 2
+    with pytest.raises(VersionConflictError) as raised:
+        run(storage.steps.save(step.model_copy(update={"status": JobStepStatus.FAILED})))
+    assert raised.value.conflicts == ["step-1"]
+    assert run(storage.steps.get("job-1", "step-1")).status == JobStepStatus.RUNNING
+
+
+def test_of_two_step_writers_exactly_one_wins(run, storage, make):
+    step = make.step("job-1", "step-1")
+    step.version = run(storage.steps.save(step))
+
+    async def both():
+        return await asyncio.gather(
+            storage.steps.save(step.model_copy(update={"name": "a"})),
+            storage.steps.save(step.model_copy(update={"name": "b"})),
+            return_exceptions=True,
+        )
+
+    results = run(both())
+    assert sorted(type(r).__name__ for r in results) == ["VersionConflictError", "int"]
+
+
+def test_an_empty_batch_writes_nothing(run, storage):
+    assert run(storage.steps.save_many([])) == []
+
+
+def test_a_batch_of_one_is_versioned(run, storage, make):
+    step = make.step("job-1", "step-1")
+    assert run(storage.steps.save_many([step])) == [1]
+    step.version = 1
+    assert run(storage.steps.save_many([step])) == [2]
+
+
+def test_a_batch_of_ten_thousand_steps_is_written_and_updated(run, storage, make):
+    steps = [make.step("big", f"s{n:05}", stage=n % 3) for n in range(10_000)]
+    assert run(storage.steps.save_many(steps)) == [1] * 10_000
+    assert run(storage.steps.count_for_job("big")) == 10_000
+    for step in steps:
+        step.version = 1
+        step.status = JobStepStatus.COMPLETED_SUCCESSFULLY
+    for start in range(0, 10_000, 100):
+        assert run(storage.steps.save_many(steps[start : start + 100])) == [2] * 100
+    counts = run(storage.steps.count_by_status("big"))
+    assert counts == {JobStepStatus.COMPLETED_SUCCESSFULLY: 10_000}
+    loaded = run(storage.steps.get_for_job("big"))
+    assert len(loaded) == 10_000
+    assert [(s.stage, s.id) for s in loaded] == sorted((s.stage, s.id) for s in steps)
+
+
+def test_a_batch_with_a_stale_record_reports_it_and_leaves_it_unchanged(
+    run, provider, storage, make
+):
+    steps = [make.step("job-1", f"s{n}") for n in range(5)]
+    run(storage.steps.save_many(steps))
+    for step in steps:
+        step.version = 1
+    run(storage.steps.save(steps[2].model_copy(update={"name": "moved on"})))
+    for step in steps:
+        step.status = JobStepStatus.RUNNING
+    with pytest.raises(VersionConflictError) as raised:
+        run(storage.steps.save_many(steps))
+    assert raised.value.conflicts == ["s2"]
+    stored = {s.id: s for s in run(storage.steps.get_for_job("job-1"))}
+    assert stored["s2"].name == "moved on" and stored["s2"].status == JobStepStatus.SCHEDULED
+    if provider.capabilities.atomic_batches:
+        assert all(s.status == JobStepStatus.SCHEDULED for s in stored.values())
+        assert all(s.version == 1 for i, s in stored.items() if i != "s2")
+    else:
+        assert all(s.status == JobStepStatus.RUNNING for i, s in stored.items() if i != "s2")
+
+
+def test_a_batch_that_inserts_an_existing_step_conflicts(run, provider, storage, make):
+    run(storage.steps.save(make.step("job-1", "s1")))
+    with pytest.raises(VersionConflictError) as raised:
+        run(storage.steps.save_many([make.step("job-1", "s0"), make.step("job-1", "s1")]))
+    assert raised.value.conflicts == ["s1"]
+    if provider.capabilities.atomic_batches:
+        assert run(storage.steps.find("job-1", "s0")) is None
+
+
+def test_a_step_twice_in_one_batch_is_refused(run, storage, make):
+    step = make.step("job-1", "s1")
+    with pytest.raises(ValueError, match="twice"):
+        run(storage.steps.save_many([step, step]))
+    assert run(storage.steps.find("job-1", "s1")) is None
+
+
+def test_steps_of_a_job_filter_by_status_and_order_by_stage_then_id(run, storage, make):
+    statuses = [
+        ("b", 0, JobStepStatus.RUNNING),
+        ("a", 1, JobStepStatus.FAILED),
+        ("c", 0, JobStepStatus.COMPLETED_WITH_FAILURE),
+        ("d", 2, JobStepStatus.RUNNING),
+    ]
+    run(storage.steps.save_many([make.step("job", i, stage=g, status=s) for i, g, s in statuses]))
+    run(storage.steps.save(make.step("other-job", "z")))
+    assert [s.id for s in run(storage.steps.get_for_job("job"))] == ["b", "c", "a", "d"]
+    failed = [JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE]
+    assert [s.id for s in run(storage.steps.get_for_job("job", failed))] == ["c", "a"]
+    assert run(storage.steps.get_for_job("job", [])) == []
+    assert run(storage.steps.count_for_job("job", [JobStepStatus.RUNNING])) == 2
+    assert run(storage.steps.count_by_status("job")) == {
+        JobStepStatus.RUNNING: 2,
+        JobStepStatus.FAILED: 1,
+        JobStepStatus.COMPLETED_WITH_FAILURE: 1,
+    }
+    assert run(storage.steps.count_by_status("nobody")) == {}
+
+
+def test_removing_steps(run, storage, make):
+    run(storage.steps.save_many([make.step("job", f"s{n}") for n in range(3)]))
+    run(storage.steps.save(make.step("other", "s0")))
+    assert run(storage.steps.remove("job", "s0")) is True
+    assert run(storage.steps.remove("job", "s0")) is False
+    assert run(storage.steps.remove_all_for_job("job")) == 2
+    assert run(storage.steps.count_for_job("job")) == 0
+    assert run(storage.steps.count_for_job("other")) == 1
+
+
+def test_removing_non_failed_steps_keeps_failed_ones_queryable(run, storage, make):
+    statuses = list(JobStepStatus)
+    run(
+        storage.steps.save_many(
+            [make.step("job", f"s{int(s)}", status=s) for s in statuses]
+        )
+    )
+    removed = run(storage.steps.remove_all_non_failed_for_job("job"))
+    assert removed == len(statuses) - 2
+    left = run(storage.steps.get_for_job("job"))
+    assert sorted(s.status for s in left) == [
+        JobStepStatus.COMPLETED_WITH_FAILURE,
+        JobStepStatus.FAILED,
+    ]
+
+
+def _raw_step(run, support, provider, key, job_id, step_id, document, stage=0):
+    run(
+        support.write_raw_step(
+            provider,
+            key,
+            job_id,
+            step_id,
+            document=document,
+            status=int(JobStepStatus.RUNNING),
+            stage=stage,
+        )
+    )
+
+
+def test_an_unreadable_step_is_skipped_in_listings_and_an_error_when_read(
+    run, support, provider, storage, key, make, caplog
+):
+    run(storage.steps.save(make.step("job", "good", status=JobStepStatus.RUNNING)))
+    _raw_step(run, support, provider, key, "job", "bad", "[1, 2")
+    unknown = make.step("job", "alien", type="somewhere.Else").model_dump_json()
+    _raw_step(run, support, provider, key, "job", "alien", unknown)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.storage"):
+        assert [s.id for s in run(storage.steps.get_for_job("job"))] == ["good"]
+        assert [s.id for s in run(storage.steps.get_for_job("job", [JobStepStatus.RUNNING]))] == [
+            "good"
+        ]
+    assert run(storage.steps.count_for_job("job")) == 3
+    with pytest.raises(MalformedRecordError):
+        run(storage.steps.get("job", "bad"))
+    with pytest.raises(UnknownTypeError):
+        run(storage.steps.get("job", "alien"))
+
+
+def test_a_step_whose_state_does_not_fit_its_type_is_malformed(
+    run, support, provider, storage, key, make
+):
+    odd = make.step("job", "odd", state=Payload(type="contract.state", data={"shard": "x"}))
+    _raw_step(run, support, provider, key, "job", "odd", odd.model_dump_json())
+    with pytest.raises(MalformedRecordError, match="contract.state"):
+        run(storage.steps.get("job", "odd"))
+
+
+# -- plans --------------------------------------------------------------------------------------
+
+
+def _plan(count: int, prefix: str = "s") -> list[PlannedStep]:
+    return [
+        PlannedStep(
+            step_id=f"{prefix}{n:05}",
+            stage=n % 2,
+            step_type=STEP_TYPE,
+            name=f"shard {n}",
+            request=Payload(type="contract.request", data=ExampleRequest(index="i", shard=n).model_dump()),
+        )
+        for n in range(count)
+    ]
+
+
+def test_providers_without_external_plans_say_so(provider, storage):
+    assert (storage.plans is not None) == provider.capabilities.external_step_plans
+
+
+@pytest.fixture
+def plans(provider, storage):
+    if not provider.capabilities.external_step_plans:
+        pytest.skip(f"{type(provider).__name__} keeps plans inline")
+    return storage.plans
+
+
+def test_a_stored_plan_loads_in_plan_order(run, plans):
+    plan = list(reversed(_plan(5)))
+    run(plans.save_plan("job", 1, plan))
+    assert run(plans.load_plan("job", 1)) == plan
+
+
+def test_a_missing_plan_loads_empty(run, plans):
+    assert run(plans.load_plan("job", 7)) == []
+
+
+def test_an_empty_plan_is_stored_and_loads_empty(run, plans):
+    run(plans.save_plan("job", 1, []))
+    assert run(plans.load_plan("job", 1)) == []
+
+
+def test_deleting_a_plan_deletes_only_that_incarnation(run, plans):
+    run(plans.save_plan("job", 1, _plan(3, "a")))
+    run(plans.save_plan("job", 2, _plan(2, "b")))
+    run(plans.save_plan("other", 1, _plan(1, "c")))
+    assert run(plans.delete_plan("job", 1)) == 3
+    assert run(plans.load_plan("job", 1)) == []
+    assert [p.step_id for p in run(plans.load_plan("job", 2))] == ["b00000", "b00001"]
+    assert len(run(plans.load_plan("other", 1))) == 1
+    assert run(plans.delete_plan("job", 1)) == 0
+
+
+def test_a_retried_plan_save_replaces_the_earlier_attempt(run, plans):
+    run(plans.save_plan("job", 1, _plan(5, "first")))
+    retry = _plan(3, "second")
+    run(plans.save_plan("job", 1, retry))
+    assert run(plans.load_plan("job", 1)) == retry
+
+
+def test_a_plan_of_ten_thousand_steps_round_trips(run, plans):
+    plan = _plan(10_000)
+    run(plans.save_plan("job", 3, plan))
+    assert run(plans.load_plan("job", 3)) == plan
+
+
+def test_plans_are_isolated_between_partitions(run, provider, plans, key):
+    other = provider.for_key(key.model_copy(update={"namespace": "tenant-b"}))
+    run(plans.save_plan("job", 1, _plan(2)))
+    assert run(other.plans.load_plan("job", 1)) == []
+    assert run(other.plans.delete_plan("job", 1)) == 0
+    assert len(run(plans.load_plan("job", 1))) == 2
+
+
+def test_a_plan_entry_of_an_unknown_step_type_cannot_be_loaded(run, plans):
+    entry = _plan(1)[0].model_copy(update={"step_type": "who.knows"})
+    run(plans.save_plan("job", 1, [entry]))
+    with pytest.raises(UnknownTypeError):
+        run(plans.load_plan("job", 1))
+
