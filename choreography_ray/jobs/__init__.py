@@ -5,6 +5,14 @@ Nothing here imports Ray or a storage driver: declaring a job touches neither.
 
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all  # type: ignore[attr-defined]
+from .job import (
+    Job,
+    JobInfo,
+    JobStageFailureBehavior,
+    JobStepDispatchContext,
+    StepDetails,
+    StepOutcome,
+)
 from .options import JobsOptions, parse_duration
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
 from .state import (
@@ -32,9 +40,23 @@ from .status import (
     JobStatus,
     JobStepStatus,
 )
+from .step import JobRequest, JobStep, StepCancelled, StepContext, StepFailed, StepRequest
 
 __all__ = [
     *_errors_all,
+    # authoring
+    "Job",
+    "JobInfo",
+    "JobRequest",
+    "JobStageFailureBehavior",
+    "JobStep",
+    "JobStepDispatchContext",
+    "StepCancelled",
+    "StepContext",
+    "StepDetails",
+    "StepFailed",
+    "StepOutcome",
+    "StepRequest",
     # options
     "JobsOptions",
     "parse_duration",

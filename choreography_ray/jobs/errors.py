@@ -251,12 +251,16 @@ class RecordNotFoundError(StorageError):
 class VersionConflictError(StorageError):
     """Raised when a compare-and-set write lost: the stored version is not the one read.
 
-    `conflicts` lists the ids of the records that were not written.
+    `conflicts` lists the ids of the records that were not written; where a provider's batches
+    are not atomic, `applied` maps the ids of records that were written to their new versions.
     """
 
-    def __init__(self, message: str, conflicts: list[str]) -> None:
+    def __init__(
+        self, message: str, conflicts: list[str], applied: dict[str, int] | None = None
+    ) -> None:
         super().__init__(message)
         self.conflicts = conflicts
+        self.applied = applied or {}
 
 
 class MalformedRecordError(StorageError):

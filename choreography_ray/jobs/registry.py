@@ -66,10 +66,17 @@ class TypeRegistry:
             raise TypeRegistryError(
                 f"{cls!r} cannot be registered as a {kind} type: it must be a pydantic model"
             )
+        name_given = name
         name = f"{cls.__module__}.{cls.__qualname__}" if name is None else name
         if not name or not name.strip():
             raise TypeRegistryError(f"{cls!r}: a registered name must not be empty")
         with self._lock:
+            known = self._by_class.get(cls)
+            if known is not None and (name_given is None or name_given == known):
+                known_kind = self._by_name[known][0]
+                if known_kind == kind or _kinds_match(known_kind, kind):
+                    # One model class can be a request of one step and the state of another.
+                    return cls
             existing = self._by_name.get(name)
             if existing is not None:
                 if existing[1] is cls and existing[0] == kind:
@@ -103,13 +110,13 @@ class TypeRegistry:
     def resolve(self, name: str, kind: TypeKind | str | None = None) -> type:
         """The class registered under `name`; `UnknownTypeError` when there is none."""
         entry = self._by_name.get(name)
-        if entry is None or (kind is not None and entry[0] != TypeKind(kind)):
+        if entry is None or (kind is not None and not _kinds_match(entry[0], TypeKind(kind))):
             raise UnknownTypeError(name, str(TypeKind(kind)) if kind is not None else None)
         return entry[1]
 
     def knows(self, name: str, kind: TypeKind | str | None = None) -> bool:
         entry = self._by_name.get(name)
-        return entry is not None and (kind is None or entry[0] == TypeKind(kind))
+        return entry is not None and (kind is None or _kinds_match(entry[0], TypeKind(kind)))
 
     def name_of(self, cls: type) -> str:
         """The registered name of `cls`."""
@@ -157,6 +164,11 @@ class TypeRegistry:
             entry = self._by_name.pop(name, None)
             if entry is not None:
                 self._by_class.pop(entry[1], None)
+
+
+def _kinds_match(registered: TypeKind, wanted: TypeKind) -> bool:
+    """Requests, states and results are all pydantic models: any of them serves as another."""
+    return registered == wanted or (registered in _MODEL_KINDS and wanted in _MODEL_KINDS)
 
 
 def _same_definition(a: type, b: type) -> bool:

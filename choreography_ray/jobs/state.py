@@ -200,6 +200,8 @@ class StepError(_Model):
     stack_trace: str = ""
     partial_result: Payload | None = None
     cancelled: bool = False
+    non_retryable: bool = False
+    """The step said no retry could help (`StepFailed(non_retryable=True)`)."""
 
 
 class JobStepState(_Model):

@@ -230,6 +230,18 @@ class MemoryJobStepStorage(_Base):
             return None
         return self._codec.decode_step(row.document, row.version, step_id)
 
+    async def get_many(self, job_id: str, step_ids: Sequence[str]) -> list[JobStepState]:
+        check_id(job_id, "job id")
+        with self._lock:
+            steps = self._p.steps.get(job_id, {})
+            rows = [(i, steps.get(check_id(i, "step id"))) for i in step_ids]
+        decoded = (
+            self._codec.decode_step_or_skip(row.document, row.version, i)
+            for i, row in rows
+            if row is not None
+        )
+        return [state for state in decoded if state is not None]
+
     async def save(self, state: JobStepState) -> int:
         return (await self.save_many([state]))[0]
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
+from .blocking import BlockingCalls
 from .codec import RecordCodec
 from .protocols import JobsStorage, StorageCapabilities
 from .retry import TransientRetry
@@ -96,11 +95,10 @@ class ThreadedProvider(StorageProvider):
         options: JobsOptions | None = None,
         threads: int = 4,
         sleep: Callable[[float], None] | None = None,
+        after_call: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(url, registry=registry, options=options)
-        self._executor = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix=f"choreography-{url.dialect}"
-        )
+        self._calls = BlockingCalls(threads, f"choreography-{url.dialect}", after_call)
         retry_args: dict[str, Any] = {
             "attempts": self.options.transient_retry_attempts,
             "base_delay": self.options.transient_retry_base_delay,
@@ -116,11 +114,10 @@ class ThreadedProvider(StorageProvider):
         """Whether `error` is worth retrying: a dropped connection, a timeout, a busy store."""
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.retry.call, fn, *args)
+        return await self._calls.submit(self.retry.call, fn, *args)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._calls.shutdown()
 
 
 def provider_class(url: StorageURL) -> type[StorageProvider]:

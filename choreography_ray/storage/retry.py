@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -49,11 +49,26 @@ class TransientRetry:
         self.what = what
 
     def call(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, retried while it fails with a transient error.
+
+        Nearly every call succeeds at once, and building a retry loop costs more than a
+        single-row write, so the loop is built only after a first transient failure, which it
+        then counts as its first attempt: attempts, delays and logging are the same.
+        """
+        try:
+            return fn(*args)
+        except Exception as error:
+            if not self.is_transient(error):
+                raise
+            first: BaseException = error
+        return self._retry(_Replay(first, fn), *args)
+
+    def _retry(self, fn: Callable[..., T], *args: object) -> T:
         retrying = Retrying(
             retry=retry_if_exception(self.is_transient),
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential_jitter(
-                initial=self.base_delay, max=self.max_delay, jitter=self.base_delay
+                multiplier=self.base_delay, max=self.max_delay, jitter=self.base_delay
             ),
             sleep=self.sleep,
             before_sleep=self._log,
@@ -80,3 +95,17 @@ class TransientRetry:
             state.attempt_number,
             error,
         )
+
+
+class _Replay:
+    """Fails once more with the error the first attempt raised, then calls `fn`."""
+
+    def __init__(self, error: BaseException, fn: Callable[..., Any]) -> None:
+        self.error: BaseException | None = error
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return self.fn(*args)

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ..jobs.errors import ConfigurationError
 
-_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
+_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^/?#]*@")
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,24 @@ def test_another_class_under_a_taken_name_is_refused(registry: TypeRegistry) -> 
     assert registry.resolve("shop.thing") is Order
 
 
-def test_the_same_class_under_a_taken_name_with_another_kind_is_refused(
+def test_one_model_serves_as_request_state_and_result_under_one_name(
     registry: TypeRegistry,
 ) -> None:
     registry.register(Order, kind="request", name="shop.order")
-    with pytest.raises(TypeAlreadyRegisteredError):
-        registry.register(Order, kind="result", name="shop.order")
+    assert registry.register(Order, kind="result") is Order
+    assert registry.register(Order, kind="state", name="shop.order") is Order
+    assert registry.resolve("shop.order", "result") is Order
+    assert registry.knows("shop.order", TypeKind.STATE)
     assert registry.kind_of("shop.order") is TypeKind.REQUEST
+
+
+def test_a_job_class_is_not_a_step_class(registry: TypeRegistry) -> None:
+    registry.register(ImportJob, kind="job", name="import")
+    with pytest.raises(TypeAlreadyRegisteredError):
+        registry.register(ImportJob, kind="step", name="import")
+    assert not registry.knows("import", TypeKind.STEP)
+    with pytest.raises(UnknownTypeError):
+        registry.resolve("import", TypeKind.STEP)
 
 
 def test_a_class_cannot_be_registered_under_two_names(registry: TypeRegistry) -> None:
@@ -203,9 +214,9 @@ def test_an_unknown_name_is_an_unknown_type(registry: TypeRegistry) -> None:
 def test_a_name_registered_for_another_kind_is_an_unknown_type_of_the_asked_kind(
     registry: TypeRegistry,
 ) -> None:
-    registry.register(Order, kind="request", name="shop.order")
+    registry.register(ImportJob, kind="job", name="shop.import")
     with pytest.raises(UnknownTypeError) as caught:
-        registry.resolve("shop.order", TypeKind.RESULT)
+        registry.resolve("shop.import", TypeKind.RESULT)
     assert caught.value.kind == "result"
 
 
@@ -348,8 +359,9 @@ def test_check_raises_as_load_would(registry: TypeRegistry) -> None:
     registry.check(Payload(type="shop.invoice", data={"total": 1.5}), TypeKind.RESULT)
     with pytest.raises(MalformedRecordError):
         registry.check(Payload(type="shop.invoice", data={}))
+    registry.register(ImportStep, kind="step", name="shop.step")
     with pytest.raises(UnknownTypeError):
-        registry.check(Payload(type="shop.invoice", data={"total": 1}), TypeKind.REQUEST)
+        registry.check(Payload(type="shop.step", data={"total": 1}), TypeKind.RESULT)
 
 
 def test_loading_a_payload_that_names_a_job_class_is_refused(registry: TypeRegistry) -> None:

@@ -83,20 +83,16 @@ class MemorySupport:
 
 def supports() -> list[ProviderSupport]:
     """Every provider the contract suite runs against."""
-    found: list[ProviderSupport] = [MemorySupport()]
-    try:
-        from .sql_support import PostgresSupport, SqliteSupport
+    from .mongo_support import MongomockSupport, MongoServerSupport
+    from .sql_support import PostgresSupport, SqliteSupport
 
-        found += [SqliteSupport(), PostgresSupport()]
-    except ImportError:  # pragma: no cover - during development of the provider
-        pass
-    try:
-        from .mongo_support import MongomockSupport, MongoServerSupport
-
-        found += [MongomockSupport(), MongoServerSupport()]
-    except ImportError:  # pragma: no cover
-        pass
-    return found
+    return [
+        MemorySupport(),
+        SqliteSupport(),
+        PostgresSupport(),
+        MongomockSupport(),
+        MongoServerSupport(),
+    ]
 
 
 def env(name: str) -> str | None:

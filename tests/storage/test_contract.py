@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from choreography_ray.jobs import (
     JobKey,
@@ -26,6 +29,7 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.storage import JobQuery
 
+from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
 
 # -- jobs: reading and writing ------------------------------------------------------------------
@@ -119,7 +123,8 @@ def test_removing_a_job_deletes_it_once(run, storage, make):
 
 
 @pytest.mark.parametrize(
-    "status", [JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED]
+    "status",
+    [JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED],
 )
 def test_remove_terminal_deletes_a_terminal_job(run, storage, make, status):
     job = make.job(status=status)
@@ -234,7 +239,13 @@ def test_listing_excluding_finalized_stops_leaves_out_only_finalized_stopped_job
         JobStatus.REMOVING,
     ]
     found = run(storage.jobs.get_jobs_excluding_finalized_stops(wanted))
-    assert _ids(found) == ["running", "preparing", "stopped-open", "removing-final", "removing-open"]
+    assert _ids(found) == [
+        "running",
+        "preparing",
+        "stopped-open",
+        "removing-final",
+        "removing-open",
+    ]
 
 
 def test_a_finalized_stop_that_resumes_and_stops_again_is_listed(run, storage, make):
@@ -357,7 +368,9 @@ def test_a_listing_of_only_unknown_types_is_empty(run, support, provider, storag
     assert run(storage.jobs.count()) == 3
 
 
-def test_a_job_whose_request_type_is_unknown_cannot_be_read(run, support, provider, storage, key, make):
+def test_a_job_whose_request_type_is_unknown_cannot_be_read(
+    run, support, provider, storage, key, make
+):
     job = make.job("odd", request=Payload(type="not.registered", data={}))
     _raw_job(run, support, provider, key, "odd", job.model_dump_json())
     with pytest.raises(UnknownTypeError):
@@ -369,19 +382,21 @@ def test_a_job_whose_request_does_not_fit_its_type_is_malformed(
 ):
     job = make.job("odd", request=Payload(type="contract.request", data={"index": 3}))
     _raw_job(run, support, provider, key, "odd", job.model_dump_json())
-    with pytest.raises(MalformedRecordError, match="contract.request"):
+    with pytest.raises(MalformedRecordError, match=r"contract\.request"):
         run(storage.jobs.get("odd"))
 
 
 def test_saving_a_job_does_not_validate_away_unknown_data(run, storage, make):
-    job = make.job(plan=[
-        PlannedStep(
-            step_id="s1",
-            stage=1,
-            step_type=STEP_TYPE,
-            request=Payload(type="contract.request", data={"index": "x", "shard": 2}),
-        )
-    ])
+    job = make.job(
+        plan=[
+            PlannedStep(
+                step_id="s1",
+                stage=1,
+                step_type=STEP_TYPE,
+                request=Payload(type="contract.request", data={"index": "x", "shard": 2}),
+            )
+        ]
+    )
     run(storage.jobs.save(job))
     assert run(storage.jobs.get(job.id)).plan == job.plan
 
@@ -427,6 +442,24 @@ def test_of_two_step_writers_exactly_one_wins(run, storage, make):
 
     results = run(both())
     assert sorted(type(r).__name__ for r in results) == ["VersionConflictError", "int"]
+
+
+def test_get_many_reads_the_asked_steps_in_order_and_leaves_out_missing_ones(run, storage, make):
+    run(storage.steps.save_many([make.step("job", f"s{n}", stage=n) for n in range(5)]))
+    run(storage.steps.save(make.step("other", "s1")))
+    found = run(storage.steps.get_many("job", ["s3", "missing", "s0", "s4"]))
+    assert [(s.id, s.job_id, s.version) for s in found] == [
+        ("s3", "job", 1),
+        ("s0", "job", 1),
+        ("s4", "job", 1),
+    ]
+    assert run(storage.steps.get_many("job", [])) == []
+
+
+def test_get_many_reads_more_steps_than_one_batch(run, storage, make):
+    run(storage.steps.save_many([make.step("job", f"s{n:05}") for n in range(2500)]))
+    ids = [f"s{n:05}" for n in reversed(range(2500))]
+    assert [s.id for s in run(storage.steps.get_many("job", ids))] == ids
 
 
 def test_an_empty_batch_writes_nothing(run, storage):
@@ -476,6 +509,7 @@ def test_a_batch_with_a_stale_record_reports_it_and_leaves_it_unchanged(
         assert all(s.version == 1 for i, s in stored.items() if i != "s2")
     else:
         assert all(s.status == JobStepStatus.RUNNING for i, s in stored.items() if i != "s2")
+        assert raised.value.applied == {i: 2 for i in stored if i != "s2"}
 
 
 def test_a_batch_that_inserts_an_existing_step_conflicts(run, provider, storage, make):
@@ -528,11 +562,7 @@ def test_removing_steps(run, storage, make):
 
 def test_removing_non_failed_steps_keeps_failed_ones_queryable(run, storage, make):
     statuses = list(JobStepStatus)
-    run(
-        storage.steps.save_many(
-            [make.step("job", f"s{int(s)}", status=s) for s in statuses]
-        )
-    )
+    run(storage.steps.save_many([make.step("job", f"s{int(s)}", status=s) for s in statuses]))
     removed = run(storage.steps.remove_all_non_failed_for_job("job"))
     assert removed == len(statuses) - 2
     left = run(storage.steps.get_for_job("job"))
@@ -580,7 +610,7 @@ def test_a_step_whose_state_does_not_fit_its_type_is_malformed(
 ):
     odd = make.step("job", "odd", state=Payload(type="contract.state", data={"shard": "x"}))
     _raw_step(run, support, provider, key, "job", "odd", odd.model_dump_json())
-    with pytest.raises(MalformedRecordError, match="contract.state"):
+    with pytest.raises(MalformedRecordError, match=r"contract\.state"):
         run(storage.steps.get("job", "odd"))
 
 
@@ -594,7 +624,9 @@ def _plan(count: int, prefix: str = "s") -> list[PlannedStep]:
             stage=n % 2,
             step_type=STEP_TYPE,
             name=f"shard {n}",
-            request=Payload(type="contract.request", data=ExampleRequest(index="i", shard=n).model_dump()),
+            request=Payload(
+                type="contract.request", data=ExampleRequest(index="i", shard=n).model_dump()
+            ),
         )
         for n in range(count)
     ]
@@ -664,3 +696,47 @@ def test_a_plan_entry_of_an_unknown_step_type_cannot_be_loaded(run, plans):
     with pytest.raises(UnknownTypeError):
         run(plans.load_plan("job", 1))
 
+
+# -- property-based round trips -----------------------------------------------------------------
+
+_ROUND_TRIP = settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@_ROUND_TRIP
+@given(data=st.data())
+def test_any_job_state_round_trips(run, provider, storage, key, registry, data):
+    examples = register_examples(registry)
+    job = data.draw(job_states(key=key, registry_types=examples, job_id=uuid.uuid4().hex))
+    job.version = run(storage.jobs.save(job))
+    assert run(storage.jobs.get(job.id)) == job
+    job.status = JobStatus.STOPPED
+    job.version = run(storage.jobs.save(job))
+    assert run(storage.jobs.get(job.id)) == job
+
+
+@_ROUND_TRIP
+@given(data=st.data())
+def test_any_step_state_round_trips(run, provider, storage, registry, data):
+    examples = register_examples(registry)
+    job_id = uuid.uuid4().hex
+    steps = data.draw(
+        st.lists(
+            job_step_states(
+                job_id=job_id, registry_types=examples, populated=data.draw(st.booleans())
+            ),
+            min_size=1,
+            max_size=5,
+            unique_by=lambda s: s.id,
+        )
+    )
+    versions = run(storage.steps.save_many(steps))
+    for step, version in zip(steps, versions, strict=True):
+        step.version = version
+        assert run(storage.steps.get(job_id, step.id)) == step
+    assert sorted(run(storage.steps.get_for_job(job_id)), key=lambda s: s.id) == sorted(
+        steps, key=lambda s: s.id
+    )

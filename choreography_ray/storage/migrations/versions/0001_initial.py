@@ -66,8 +66,8 @@ def upgrade() -> None:
         steps,
         ["scope", "namespace", "job_id", "status"],
     )
-    op.create_index("ix_choreography_job_steps_status", steps, ["scope", "namespace", "status"])
-    op.create_index("ix_choreography_job_steps_type", steps, ["scope", "namespace", "type"])
+    # Every step query is per job, so status is indexed after the job id; a stand-alone status
+    # or type index would be maintained on every step write and used by no query.
 
 
 def downgrade() -> None:

@@ -1,0 +1,205 @@
+"""The author's side of a job: `Job`, its plan, its hooks and what it learns of its steps.
+
+A job plans first: `prepare_steps` returns every step it will run, and the engine saves that
+plan before preparing any step. Recovery reuses the saved plan and never calls
+`prepare_steps` again, so steps keep their identities across crashes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from .errors import TypeRegistryError
+from .registry import TypeKind, TypeRegistry, default_registry
+from .state import JobKey, JobProgress, StepError
+from .status import JobStatus, JobStepStatus
+from .step import JobStep, _generic_args, _model
+
+TRequest = TypeVar("TRequest", bound=BaseModel)
+
+
+class JobStageFailureBehavior(IntEnum):
+    STOP_JOB = 0
+    """A barrier: once the stage completes with failures, later stages never start."""
+    CONTINUE_WITH_NEXT_STAGE = 1
+
+
+@dataclass(frozen=True)
+class StepDetails:
+    """One planned step, as `create_step` makes it."""
+
+    step_id: str
+    step_type: type[JobStep[Any, Any, Any]]
+    request: BaseModel
+    stage: int = 0
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class JobStepDispatchContext:
+    """Told to `on_before_dispatching_job_steps`.
+
+    `initialization_may_be_incomplete` is True when recovery found the job still preparing or
+    starting its steps: the start hook may not have run or finished.
+    """
+
+    initialization_may_be_incomplete: bool
+    resuming: bool
+    stage: int
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a job learns of one step's end: its status, its result or its error."""
+
+    step_id: str
+    name: str
+    stage: int
+    status: JobStepStatus
+    attempt: int = 1
+    result: Any = None
+    """The step's result (or partial result of a stop or failure), typed as the step declares."""
+    error: StepError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == JobStepStatus.COMPLETED_SUCCESSFULLY
+
+    @property
+    def stopped(self) -> bool:
+        return self.status == JobStepStatus.STOPPED
+
+
+@dataclass
+class JobInfo:
+    """The job's identity and progress, as its hooks may read them."""
+
+    id: str
+    key: JobKey
+    status: JobStatus
+    progress: JobProgress = field(default_factory=JobProgress)
+
+
+class Job(Generic[TRequest]):
+    """A job. Subclass with a concrete request type and implement `prepare_steps`:
+
+        class RebuildIndex(Job[RebuildIndexRequest], name="rebuild-index"):
+            def prepare_steps(self, request):
+                return [self.create_step(RebuildShard, ShardRequest(shard=s))
+                        for s in request.shards]
+
+    Every hook may be a plain or an `async` method. Hooks can run again after a crash, so they
+    must tolerate running twice.
+    """
+
+    name: ClassVar[str]
+    request_type: ClassVar[type[BaseModel]]
+    registry: ClassVar[TypeRegistry]
+
+    keep_after_completed: ClassVar[bool] = False
+    """Keep the job and its steps in storage after it completes successfully."""
+    keep_after_completed_with_failures: ClassVar[bool] = True
+    start_steps_in_background: ClassVar[bool] = False
+    """Start returns once the job and its plan are durable; steps come up behind it."""
+    max_active_steps: ClassVar[int | None] = None
+    """A sliding window of active steps; None uses the options (off by default)."""
+    max_step_attempts: ClassVar[int | None] = None
+    """Attempts per step; None uses `JobsOptions.max_step_attempts` (1)."""
+    can_resume: ClassVar[bool] = True
+
+    info: JobInfo
+    """Set by the engine before any hook runs."""
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        args = _generic_args(cls, Job)
+        if args is None:
+            return
+        if len(args) != 1:
+            raise TypeRegistryError(f"{cls.__qualname__}: a job has exactly one request type")
+        cls.registry = registry or default_registry
+        cls.name = name or f"{cls.__module__}.{cls.__qualname__}"
+        cls.request_type = _model(args[0], "request", cls)
+        cls.registry.register(cls.request_type, kind=TypeKind.REQUEST)
+        cls.registry.register(cls, kind=TypeKind.JOB, name=cls.name)
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def prepare_steps(
+        self, request: TRequest
+    ) -> Iterable[StepDetails] | Awaitable[Iterable[StepDetails]]:
+        """Every step the job will run. Called once per job, before any step exists."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement prepare_steps")
+
+    def create_step(
+        self,
+        step_type: type[JobStep[Any, Any, Any]],
+        request: BaseModel,
+        *,
+        stage: int = 0,
+        name: str = "",
+        step_id: str | None = None,
+    ) -> StepDetails:
+        """Plan one step: a new identity, its stage (0 first), its type and its request."""
+        if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+            raise TypeRegistryError(f"{step_type!r} is not a JobStep class")
+        if not hasattr(step_type, "request_type"):
+            raise TypeRegistryError(f"{step_type.__qualname__} does not declare its types")
+        if not isinstance(request, step_type.request_type):
+            raise TypeError(
+                f"{step_type.__qualname__} takes a {step_type.request_type.__qualname__} "
+                f"request, got {type(request).__qualname__}"
+            )
+        if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
+            raise ValueError(f"stage must be a whole number >= 0, got {stage!r}")
+        return StepDetails(
+            step_id=step_id or uuid.uuid4().hex,
+            step_type=step_type,
+            request=request,
+            stage=stage,
+            name=name,
+        )
+
+    def details(self, request: TRequest) -> str:
+        """A line that says what this job does, for listings."""
+        return ""
+
+    def failure_behavior_for(self, stage: int) -> JobStageFailureBehavior:
+        return JobStageFailureBehavior.STOP_JOB
+
+    def should_retry_step(self, step: StepOutcome, error: StepError) -> bool:
+        """Whether a failed attempt is tried again while attempts remain."""
+        return True
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def on_before_starting_job_steps(self) -> Awaitable[None] | None:
+        """Once, on a clean start, after the steps are prepared and before any is dispatched."""
+
+    def on_before_resuming_job_steps(self) -> Awaitable[None] | None:
+        """On resume, after Running is written and before steps are dispatched again."""
+
+    def on_before_dispatching_job_steps(
+        self, context: JobStepDispatchContext
+    ) -> Awaitable[None] | None:
+        """Before a stage's steps are dispatched, on start and on resume. Make it idempotent."""
+
+    def on_step_completed_or_stopped(self, outcome: StepOutcome) -> Awaitable[None] | None:
+        """After each step's outcome is counted. May run again after a crash, or not at all."""
+
+    def on_all_steps_completed(self) -> Awaitable[None] | None:
+        """Once every step has an outcome; raising fails the job."""
+
+    def on_failed_to_prepare(self) -> Awaitable[None] | None:
+        """After a step failed to prepare; the job is Failed."""
+
+    def on_stopped(self) -> Awaitable[None] | None:
+        """After every running step stopped, on stop and on removal."""

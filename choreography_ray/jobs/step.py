@@ -1,0 +1,209 @@
+"""The author's side of a step: `JobStep`, its context, and how it says it failed.
+
+A step is planned with a request, turns it into its own state once (`initialize_state`), and
+then performs on that state — never on the request — so a step run again after a crash starts
+from its last checkpoint, not from scratch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from datetime import datetime
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, RootModel
+
+from .errors import ChoreographyError, TypeRegistryError
+from .registry import TypeKind, TypeRegistry, default_registry
+
+TRequest = TypeVar("TRequest", bound=BaseModel)
+TState = TypeVar("TState", bound=BaseModel)
+TResult = TypeVar("TResult")
+
+
+class JobRequest(BaseModel):
+    """Base class for job requests (any pydantic model works)."""
+
+
+class StepRequest(BaseModel):
+    """Base class for step requests (any pydantic model works)."""
+
+
+class StepFailed(ChoreographyError):
+    """Raise from `perform` to fail the step with messages and, optionally, a partial result.
+
+    `non_retryable` fails the step at once whatever attempts are left.
+    """
+
+    def __init__(
+        self,
+        *messages: str,
+        partial_result: Any = None,
+        non_retryable: bool = False,
+    ) -> None:
+        super().__init__("; ".join(messages) or "step failed")
+        self.messages = list(messages) or ["step failed"]
+        self.partial_result = partial_result
+        self.non_retryable = non_retryable
+
+
+class StepContext(ABC):
+    """What a running step may ask of the system. The engine provides the implementation."""
+
+    job_id: str
+    step_id: str
+    attempt: int
+    """1 for the first attempt, then one more per retry."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for this step across re-runs and retries: deduplicate external effects by it."""
+        return f"{self.job_id}/{self.step_id}"
+
+    @abstractmethod
+    def checkpoint(self, state: BaseModel | None = None) -> None:
+        """Record the step's state (the one passed to `perform` unless given).
+
+        Writes are debounced (`step_checkpoint_batch_interval`, flush interval); a run that
+        crashes continues from the last checkpoint that reached storage.
+        """
+
+    @abstractmethod
+    def progress(self, percentage: float, message: str = "") -> None:
+        """Report how far the step is, 0 to 100."""
+
+    @property
+    @abstractmethod
+    def cancelled(self) -> bool:
+        """True once the step is asked to stop; long work should check it and return."""
+
+    @abstractmethod
+    async def wait_cancelled(self) -> None:
+        """Return once the step is asked to stop."""
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise StepCancelled()
+
+    @abstractmethod
+    def now(self) -> datetime:
+        """The engine's clock (a fake one in tests)."""
+
+
+class StepCancelled(ChoreographyError):
+    """Raised inside a step that was asked to stop; it ends the run as stopped."""
+
+    def __init__(self) -> None:
+        super().__init__("step was cancelled")
+
+
+class JobStep(ABC, Generic[TRequest, TState, TResult]):
+    """A unit of a job's work. Subclass with concrete request, state and result types:
+
+        class RebuildShard(JobStep[ShardRequest, ShardState, int], name="rebuild-shard"):
+            def initialize_state(self, request): return ShardState(shard=request.shard)
+            async def perform(self, state, ctx): ...
+
+    Defining the class registers it, and its request, state and result types, in the type
+    registry under stable names (the class's `name`, or its module path).
+    """
+
+    name: ClassVar[str]
+    request_type: ClassVar[type[BaseModel]]
+    state_type: ClassVar[type[BaseModel]]
+    result_type: ClassVar[type[BaseModel]]
+    """A model class; a plain result type (int, list[str], …) is wrapped in a RootModel."""
+    result_is_root: ClassVar[bool] = False
+    registry: ClassVar[TypeRegistry]
+
+    checkpoint_after_every_batch: ClassVar[bool] = False
+    """Persist every checkpoint instead of debouncing them."""
+    resources: ClassVar[dict[str, float]] = {}
+    """Ray resources a synchronous `perform` needs (e.g. {"num_cpus": 1}); async steps run on
+    the worker host's event loop and take none."""
+
+    def __init_subclass__(
+        cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        args = _generic_args(cls, JobStep)
+        if args is None:
+            return  # an intermediate generic base; its concrete subclasses register
+        request_type, state_type, result_type = args
+        cls.registry = registry or default_registry
+        cls.name = name or f"{cls.__module__}.{cls.__qualname__}"
+        cls.request_type = _model(request_type, "request", cls)
+        cls.state_type = _model(state_type, "state", cls)
+        cls.registry.register(cls.request_type, kind=TypeKind.REQUEST)
+        cls.registry.register(cls.state_type, kind=TypeKind.STATE)
+        if isinstance(result_type, type) and issubclass(result_type, BaseModel):
+            cls.result_type = result_type
+            cls.result_is_root = False
+            cls.registry.register(result_type, kind=TypeKind.RESULT)
+        else:
+            # A subclass of its own: pydantic caches RootModel[int], and a class has one name.
+            root = type(
+                f"{cls.__name__}Result",
+                (RootModel[result_type],),  # type: ignore[valid-type]
+                {"__module__": cls.__module__},
+            )
+            cls.result_type = root
+            cls.result_is_root = True
+            cls.registry.register(root, kind=TypeKind.RESULT, name=f"{cls.name}:result")
+        cls.registry.register(cls, kind=TypeKind.STEP, name=cls.name)
+
+    @abstractmethod
+    def initialize_state(self, request: TRequest) -> TState:
+        """Copy what the work needs from the request into the step's state (once, at prepare)."""
+
+    @abstractmethod
+    def perform(self, state: TState, ctx: StepContext) -> TResult | Awaitable[TResult]:
+        """Do the work. Return the result; raise `StepFailed` (or anything) to fail."""
+
+    def create_cancelled_result_from_current_state(self, state: TState) -> TResult | None:
+        """The partial result of a step stopped before or while it ran; None by default."""
+        return None
+
+    @classmethod
+    def is_async(cls) -> bool:
+        return inspect.iscoroutinefunction(cls.perform)
+
+    @classmethod
+    def wrap_result(cls, value: Any) -> BaseModel | None:
+        """The result as a registered model instance, ready to store."""
+        if value is None and cls.result_is_root is False:
+            return None
+        if cls.result_is_root:
+            return cls.result_type.model_validate(value)
+        if isinstance(value, cls.result_type):
+            return value
+        return cls.result_type.model_validate(value)
+
+    @classmethod
+    def unwrap_result(cls, model: BaseModel | None) -> Any:
+        if model is None:
+            return None
+        return model.root if cls.result_is_root else model  # type: ignore[attr-defined]
+
+
+def _model(candidate: Any, role: str, owner: type) -> type[BaseModel]:
+    if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+        return candidate
+    raise TypeRegistryError(
+        f"{owner.__qualname__}: the {role} type must be a pydantic model, got {candidate!r}"
+    )
+
+
+def _generic_args(cls: type, base: type) -> tuple[Any, ...] | None:
+    """The concrete type arguments `cls` gives `base`, or None while they are still open."""
+    for klass in cls.__mro__:
+        for original in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(original) is base:
+                args = typing.get_args(original)
+                if any(isinstance(a, TypeVar) for a in args):
+                    return None
+                return args
+    return None

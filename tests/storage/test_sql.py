@@ -1,0 +1,654 @@
+"""What the SQL provider does beyond the contract: schema, SQLite settings, retries, URLs.
+
+The contract suite (test_contract.py) checks the storage behaviour itself on SQLite and, when
+CHOREOGRAPHY_TEST_POSTGRES_URL is set, on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import inspect
+
+from choreography_ray.jobs import (
+    ConfigurationError,
+    JobKey,
+    JobsOptions,
+    JobState,
+    JobStatus,
+    JobStepState,
+    JobStepStatus,
+    StorageUnavailableError,
+    TypeKind,
+    TypeRegistry,
+    VersionConflictError,
+)
+from choreography_ray.storage import JobQuery, open_storage
+from choreography_ray.storage.sql import (
+    INDEXES,
+    VERSION_TABLE,
+    SqlStorage,
+    is_transient_error,
+    metadata,
+)
+
+from .sql_support import drop_schema, with_schema
+from .support import POSTGRES_ENV, env
+
+KEY = JobKey(scope="sql", namespace="tests")
+
+
+class SqlJob:
+    pass
+
+
+class SqlStep:
+    pass
+
+
+@pytest.fixture
+def registry() -> TypeRegistry:
+    registry = TypeRegistry()
+    registry.register(SqlJob, kind=TypeKind.JOB, name="sql.job")
+    registry.register(SqlStep, kind=TypeKind.STEP, name="sql.step")
+    return registry
+
+
+def job(job_id: str = "job", **changes) -> JobState:
+    values = {
+        "id": job_id,
+        "key": KEY,
+        "type": "sql.job",
+        "created": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    values.update(changes)
+    return JobState(**values)
+
+
+def step(step_id: str, job_id: str = "job", **changes) -> JobStepState:
+    return JobStepState(id=step_id, job_id=job_id, type="sql.step", **changes)
+
+
+async def gather(*awaitables):
+    return await asyncio.gather(*awaitables)
+
+
+def sqlite_url(tmp_path: Path, name: str = "jobs.db") -> str:
+    return f"sqlite:///{tmp_path / name}"
+
+
+class Sleeps:
+    """An injected `sleep` that records the delays instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+@pytest.fixture
+def sqlite_provider(tmp_path, registry, run):
+    provider = open_storage(sqlite_url(tmp_path), registry=registry)
+    run(provider.initialize())
+    try:
+        yield provider
+    finally:
+        run(provider.close())
+
+
+def sqlite_connection(provider: SqlStorage) -> sqlite3.Connection:
+    return sqlite3.connect(provider.database_path)
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+def test_initialize_twice_is_a_no_op(run, sqlite_provider):
+    storage = sqlite_provider.for_key(KEY)
+    run(storage.jobs.save(job()))
+    run(sqlite_provider.initialize())
+    sqlite_provider._initialized = False  # force the migration to run again
+    run(sqlite_provider.initialize())
+    assert run(storage.jobs.count()) == 1
+
+
+def test_two_providers_initialize_one_sqlite_file_at_once(run, tmp_path, registry):
+    providers = [open_storage(sqlite_url(tmp_path), registry=registry) for _ in range(4)]
+    try:
+        run(gather(*(provider.initialize() for provider in providers)))
+        first, second = (provider.for_key(KEY) for provider in providers[:2])
+        run(first.jobs.save(job()))
+        assert run(second.jobs.get("job")).version == 1
+        with pytest.raises(VersionConflictError):
+            run(second.jobs.save(job()))
+    finally:
+        for provider in providers:
+            run(provider.close())
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        assert connection.execute(f"SELECT count(*) FROM {VERSION_TABLE}").fetchone() == (1,)
+
+
+def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
+    url = sqlite_url(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from choreography_ray.storage import open_storage
+
+        async def main():
+            provider = open_storage({url!r})
+            await provider.initialize()
+            await provider.close()
+
+        asyncio.run(main())
+        """
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        assert connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
+            ("0001",)
+        ]
+
+
+def test_the_schema_version_is_recorded(sqlite_provider):
+    with sqlite_connection(sqlite_provider) as connection:
+        rows = connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall()
+    assert rows == [("0001",)]
+
+
+def test_the_indexes_exist(sqlite_provider):
+    inspector = inspect(sqlite_provider.engine)
+    for table, indexes in INDEXES.items():
+        found = {index["name"]: index["column_names"] for index in inspector.get_indexes(table)}
+        assert found == indexes
+    assert inspector.get_pk_constraint("choreography_job_steps")["constrained_columns"] == [
+        "scope",
+        "namespace",
+        "job_id",
+        "step_id",
+    ]
+
+
+def test_the_migrations_create_the_schema_queries_use(sqlite_provider):
+    with sqlite_provider.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        assert compare_metadata(context, metadata) == []
+
+
+def test_the_database_directory_is_created(run, tmp_path, registry):
+    provider = open_storage(sqlite_url(tmp_path / "a" / "b"), registry=registry)
+    try:
+        run(provider.initialize())
+    finally:
+        run(provider.close())
+    assert (tmp_path / "a" / "b" / "jobs.db").is_file()
+
+
+# -- SQLite settings ------------------------------------------------------------------------------
+
+
+def _pragmas(provider: SqlStorage) -> tuple[str, int, int]:
+    with provider.engine.connect() as connection:
+        return (
+            connection.exec_driver_sql("PRAGMA journal_mode").scalar(),
+            connection.exec_driver_sql("PRAGMA synchronous").scalar(),
+            connection.exec_driver_sql("PRAGMA busy_timeout").scalar(),
+        )
+
+
+def test_sqlite_runs_in_wal_mode_with_normal_sync(sqlite_provider):
+    assert _pragmas(sqlite_provider) == ("wal", 1, 30000)
+    with sqlite_connection(sqlite_provider) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_sqlite_settings_come_from_the_url(run, tmp_path):
+    provider = open_storage(sqlite_url(tmp_path) + "?synchronous=full&busy_timeout=250")
+    try:
+        run(provider.initialize())
+        assert _pragmas(provider) == ("wal", 2, 250)
+    finally:
+        run(provider.close())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///:memory:",
+        "sqlite://",
+        "sqlite:///x.db?synchronous=sometimes",
+        "sqlite:///x.db?busy_timeout=soon",
+        "sqlite:///x.db?synchronus=FULL",
+        "postgresql://h/db?schema=bad-name",
+        "postgresql://h/db?schema=x;drop",
+        "postgresql://user:pw@h:port/db",
+    ],
+)
+def test_unusable_urls_are_refused(url):
+    with pytest.raises(ConfigurationError) as raised:
+        open_storage(url)
+    assert ":pw@" not in str(raised.value)
+
+
+def test_sqlite_uses_one_thread_and_postgres_a_pool():
+    sqlite = open_storage("sqlite:///unused/jobs.db")
+    postgres = open_storage("postgresql://user@127.0.0.1:1/db")
+    assert sqlite._calls._count == 1
+    assert postgres._calls._count == 4
+    assert postgres.engine.pool.size() == 4
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+
+def test_a_status_change_reaches_the_indexed_columns(run, sqlite_provider):
+    # Writes that keep the indexed columns touch only the record; a status change must not.
+    storage = sqlite_provider.for_key(KEY)
+    state = job(status=JobStatus.RUNNING)
+    state.version = run(storage.jobs.save(state))
+    state.details = "same status"
+    state.version = run(storage.jobs.save(state))
+    state.status = JobStatus.STOPPED
+    state.stop_finalized = True
+    state.version = run(storage.jobs.save(state))
+    assert state.version == 3
+    assert run(storage.jobs.count(JobQuery(statuses={JobStatus.STOPPED}))) == 1
+    assert run(storage.jobs.get_jobs_excluding_finalized_stops([JobStatus.STOPPED])) == []
+
+    single = step("s1", status=JobStepStatus.SCHEDULED)
+    single.version = run(storage.steps.save(single))
+    single.name = "renamed"
+    single.version = run(storage.steps.save(single))
+    single.status = JobStepStatus.FAILED
+    single.version = run(storage.steps.save(single))
+    assert single.version == 3
+    assert run(storage.steps.count_by_status("job")) == {JobStepStatus.FAILED: 1}
+    assert run(storage.steps.get("job", "s1")).name == "renamed"
+
+
+def test_a_mixed_batch_that_loses_writes_nothing(run, sqlite_provider):
+    storage = sqlite_provider.for_key(KEY)
+    existing = [step(f"old{i}") for i in range(3)]
+    run(storage.steps.save_many(existing))
+    batch = [step(f"new{i}") for i in range(3)]
+    for index, state in enumerate(existing):
+        state.version = 1 if index != 1 else 7
+        batch.append(state)
+    batch.append(step("old2"))  # an insert of a step that exists
+    batch.pop(-2)  # ...instead of its update
+    with pytest.raises(VersionConflictError) as raised:
+        run(storage.steps.save_many(batch))
+    assert raised.value.conflicts == ["old1", "old2"]
+    assert run(storage.steps.count_for_job("job")) == 3
+    assert {s.version for s in run(storage.steps.get_for_job("job"))} == {1}
+
+
+def test_ten_thousand_steps_save_in_one_batch(run, sqlite_provider):
+    storage = sqlite_provider.for_key(KEY)
+    states = [step(f"s{i:05d}", stage=i % 3) for i in range(10_000)]
+    assert run(storage.steps.save_many(states)) == [1] * 10_000
+    for state in states:
+        state.version = 1
+        state.status = JobStepStatus.RUNNING
+    assert run(storage.steps.save_many(states)) == [2] * 10_000
+    assert run(storage.steps.count_by_status("job")) == {JobStepStatus.RUNNING: 10_000}
+
+
+def test_a_large_batch_leaves_the_checkpoint_for_after_its_answer(run, sqlite_provider):
+    storage = sqlite_provider.for_key(KEY)
+    database = sqlite_provider.database_path
+    before = database.stat().st_size
+    states = [step(f"s{i:05d}", name="x" * 200) for i in range(2000)]
+    run(storage.steps.save_many(states))
+    run(storage.steps.count_for_job("job"))  # the worker checkpointed before this call
+    assert database.stat().st_size > before + 500_000
+    assert sqlite_provider._checkpoint_due is False
+
+    states[7].version = 3
+    with pytest.raises(VersionConflictError):
+        run(storage.steps.save_many([*states, step("new")]))
+    with sqlite_provider.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1000
+
+
+# -- transient errors -----------------------------------------------------------------------------
+
+
+def _invalidated() -> sa_exc.OperationalError:
+    return sa_exc.OperationalError(
+        "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=True
+    )
+
+
+class Flaky:
+    """Fails with `error()` the first `failures` calls, then answers "done"."""
+
+    def __init__(self, failures: int, error=_invalidated) -> None:
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error()
+        return "done"
+
+
+def _provider(tmp_path, sleeps: Sleeps, attempts: int = 4) -> SqlStorage:
+    options = JobsOptions(transient_retry_attempts=attempts)
+    provider = open_storage(sqlite_url(tmp_path), options=options, sleep=sleeps)
+    assert isinstance(provider, SqlStorage)
+    return provider
+
+
+def test_transient_errors_are_retried(run, tmp_path):
+    sleeps = Sleeps()
+    provider = _provider(tmp_path, sleeps)
+    try:
+        flaky = Flaky(3)
+        assert run(provider.run(flaky)) == "done"
+        assert flaky.calls == 4
+        assert len(sleeps.delays) == 3
+    finally:
+        run(provider.close())
+
+
+def test_transient_errors_give_up_after_the_attempts(run, tmp_path, caplog):
+    sleeps = Sleeps()
+    provider = _provider(tmp_path, sleeps, attempts=3)
+    try:
+        flaky = Flaky(10)
+        with caplog.at_level(logging.WARNING), pytest.raises(StorageUnavailableError):
+            run(provider.run(flaky))
+        assert flaky.calls == 3
+        assert len(sleeps.delays) == 2
+        assert "transient error on attempt 1" in caplog.text
+    finally:
+        run(provider.close())
+
+
+def test_other_errors_surface_at_once(run, tmp_path):
+    sleeps = Sleeps()
+    provider = _provider(tmp_path, sleeps)
+    integrity = Flaky(
+        5, lambda: sa_exc.IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE"))
+    )
+    try:
+        with pytest.raises(sa_exc.IntegrityError):
+            run(provider.run(integrity))
+        assert integrity.calls == 1
+        assert sleeps.delays == []
+    finally:
+        run(provider.close())
+
+
+def test_a_locked_database_is_waited_for_and_retried(run, tmp_path, registry, caplog):
+    url = sqlite_url(tmp_path) + "?busy_timeout=20"
+    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
+
+    def release(delay: float) -> None:
+        if locker.in_transaction:
+            locker.execute("COMMIT")
+
+    provider = open_storage(url, registry=registry, sleep=release)
+    try:
+        run(provider.initialize())
+        locker.execute("BEGIN IMMEDIATE")
+        with caplog.at_level(logging.WARNING):
+            assert run(provider.for_key(KEY).jobs.save(job())) == 1
+        assert not locker.in_transaction
+        assert "database is locked" in caplog.text
+        assert "status_changes" not in caplog.text  # the record is not logged
+    finally:
+        run(provider.close())
+        locker.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (_invalidated(), True),
+        (sa_exc.OperationalError("x", {}, sqlite3.OperationalError("database is locked")), True),
+        (sa_exc.OperationalError("x", {}, sqlite3.OperationalError("database is busy")), True),
+        (sa_exc.OperationalError("x", {}, sqlite3.OperationalError("no such table: t")), False),
+        (sa_exc.OperationalError("x", {}, psycopg.OperationalError("connection failed")), True),
+        (sa_exc.OperationalError("x", {}, psycopg.errors.SerializationFailure("retry")), True),
+        (sa_exc.OperationalError("x", {}, psycopg.errors.QueryCanceled("timeout")), True),
+        (sa_exc.OperationalError("x", {}, psycopg.errors.AdminShutdown("bye")), True),
+        (sa_exc.IntegrityError("x", {}, psycopg.errors.UniqueViolation("dup")), False),
+        (sa_exc.ProgrammingError("x", {}, psycopg.errors.UndefinedTable("t")), False),
+        (sa_exc.ProgrammingError("x", {}, psycopg.OperationalError("odd")), False),
+        (sa_exc.TimeoutError("QueuePool limit reached"), True),
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (VersionConflictError("lost", ["a"]), False),
+        (ValueError("bad id"), False),
+    ],
+)
+def test_which_errors_are_transient(error, transient):
+    assert is_transient_error(error) is transient
+
+
+# -- URLs, secrets and capabilities ---------------------------------------------------------------
+
+
+SECRET_URL = "postgresql://chor:s3cr3t-pw@127.0.0.1:1/jobs?schema=choreo&connect_timeout=2"
+
+
+def test_the_password_stays_out_of_reprs():
+    provider = open_storage(SECRET_URL)
+    for text in (repr(provider), str(provider), repr(provider.url), str(provider.url)):
+        assert "s3cr3t-pw" not in text
+        assert "***" in text
+    assert "s3cr3t-pw" not in repr(provider.engine)
+
+
+def test_the_password_stays_out_of_logs_and_errors(run, caplog):
+    options = JobsOptions(transient_retry_attempts=2)
+    provider = open_storage(SECRET_URL, options=options, sleep=Sleeps())
+    try:
+        with caplog.at_level(logging.DEBUG), pytest.raises(StorageUnavailableError) as raised:
+            run(provider.initialize())
+    finally:
+        run(provider.close())
+    assert "transient error" in caplog.text
+    assert "s3cr3t-pw" not in caplog.text
+    assert "s3cr3t-pw" not in str(raised.value)
+
+
+def test_postgres_urls_use_psycopg_3_and_keep_the_schema_to_themselves():
+    provider = open_storage("postgresql://user@db.example:5432/jobs?schema=tenant_a&sslmode=prefer")
+    url = provider.engine.url
+    assert url.drivername == "postgresql+psycopg"
+    assert dict(url.query) == {"sslmode": "prefer"}
+    assert provider.schema == "tenant_a"
+
+
+def test_sql_storage_keeps_plans_inline(sqlite_provider):
+    assert sqlite_provider.for_key(KEY).plans is None
+    capabilities = sqlite_provider.capabilities
+    assert not capabilities.external_step_plans
+    assert capabilities.atomic_batches
+    assert capabilities.shared_across_processes
+
+
+def test_a_closed_provider_refuses_calls(run, tmp_path):
+    provider = open_storage(sqlite_url(tmp_path))
+    run(provider.initialize())
+    run(provider.close())
+    run(provider.close())
+    with pytest.raises(RuntimeError):
+        run(provider.for_key(KEY).jobs.count())
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+
+postgres = pytest.mark.skipif(env(POSTGRES_ENV) is None, reason=f"{POSTGRES_ENV} is not set")
+
+
+@pytest.fixture
+def fresh_schema():
+    """A schema of its own, dropped after the test."""
+    base = env(POSTGRES_ENV)
+    assert base is not None
+    schema = f"choreo_sqltest_{uuid.uuid4().hex[:12]}"
+    try:
+        yield with_schema(base, schema), schema
+    finally:
+        drop_schema(base, schema)
+
+
+@pytest.mark.postgres
+@postgres
+def test_postgres_providers_create_one_schema_at_once(run, fresh_schema, registry):
+    url, schema = fresh_schema
+    providers = [open_storage(url, registry=registry) for _ in range(4)]
+    try:
+        run(gather(*(provider.initialize() for provider in providers)))
+        run(providers[0].initialize())
+        first, second = (provider.for_key(KEY) for provider in providers[:2])
+        run(first.jobs.save(job()))
+        assert run(second.jobs.get("job")).version == 1
+    finally:
+        for provider in providers:
+            run(provider.close())
+    with psycopg.connect(_libpq(url)) as connection:
+        tables = connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema,),
+        ).fetchall()
+        version = connection.execute(
+            f'SELECT version_num FROM "{schema}".{VERSION_TABLE}'
+        ).fetchall()
+    assert sorted(name for (name,) in tables) == [
+        VERSION_TABLE,
+        "choreography_job_steps",
+        "choreography_jobs",
+    ]
+    assert version == [("0001",)]
+
+
+@pytest.mark.postgres
+@postgres
+def test_postgres_indexes_and_schema_match(run, fresh_schema):
+    url, _ = fresh_schema
+    provider = open_storage(url)
+    try:
+        run(provider.initialize())
+        inspector = inspect(provider.engine)
+        for table, indexes in INDEXES.items():
+            found = {i["name"]: i["column_names"] for i in inspector.get_indexes(table)}
+            assert found == indexes
+        with provider.engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+            assert compare_metadata(context, metadata) == []
+    finally:
+        run(provider.close())
+
+
+@pytest.mark.postgres
+@postgres
+def test_postgres_orders_ids_bytewise(run, fresh_schema, registry):
+    url, _ = fresh_schema
+    provider = open_storage(url, registry=registry)
+    try:
+        run(provider.initialize())
+        storage = provider.for_key(KEY)
+        ids = ["b", "B", "a", "A", "_", "a-1", "a_1", "é"]
+        run(storage.steps.save_many([step(i) for i in ids]))
+        assert [s.id for s in run(storage.steps.get_for_job("job"))] == sorted(ids)
+    finally:
+        run(provider.close())
+
+
+@pytest.mark.postgres
+@postgres
+def test_postgres_connections_dropped_by_the_server_are_retried(run, fresh_schema, registry):
+    url, _ = fresh_schema
+    name = f"choreo_drop_{uuid.uuid4().hex[:12]}"
+    sleeps = Sleeps()
+    provider = open_storage(f"{url}&application_name={name}", registry=registry, sleep=sleeps)
+    try:
+        run(provider.initialize())
+        storage = provider.for_key(KEY)
+        run(storage.jobs.save(job()))
+        with psycopg.connect(_libpq(url), autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (name,),
+            ).fetchone()
+        assert killed is not None and killed[0] >= 1
+        assert run(storage.jobs.get("job")).version == 1
+        assert len(sleeps.delays) >= 1
+    finally:
+        run(provider.close())
+
+
+def _libpq(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    sa_url = make_url(url)
+    return sa_url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+
+
+def test_a_single_record_write_runs_inline_and_a_large_batch_on_the_thread(run, sqlite_provider):
+    submitted = []
+    real = sqlite_provider._calls.submit
+
+    def spy(fn, *args):
+        submitted.append(args[0].__name__ if args else fn.__name__)
+        return real(fn, *args)
+
+    sqlite_provider._calls.submit = spy
+    storage = sqlite_provider.for_key(KEY)
+    assert run(storage.jobs.save(job())) == 1
+    assert run(storage.steps.save(step("one"))) == 1
+    assert submitted == []  # one row: no thread hop
+    run(storage.steps.save_many([step(f"s{n}") for n in range(20)]))
+    assert submitted == ["_save_many"]
+
+
+def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(
+    run, tmp_path, registry
+):
+    provider = open_storage(sqlite_url(tmp_path), registry=registry)
+    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
+
+    async def scenario():
+        await provider.initialize()
+        locker.execute("BEGIN IMMEDIATE")
+        saving = asyncio.ensure_future(provider.for_key(KEY).jobs.save(job()))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        waiting = not saving.done()  # the thread waits for the lock; the loop does not
+        locker.execute("COMMIT")
+        return waiting, await saving
+
+    try:
+        waiting, version = run(scenario())
+        assert waiting and version == 1
+    finally:
+        run(provider.close())
+        locker.close()
