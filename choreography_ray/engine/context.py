@@ -1,0 +1,44 @@
+"""What an activation needs from its surroundings, bundled once per partition."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..jobs.options import JobsOptions
+from ..jobs.registry import TypeRegistry
+from ..jobs.state import JobKey
+from ..storage.protocols import JobsStorage
+from .clock import Clock
+from .ports import StepDispatcher
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    key: JobKey
+    storage: JobsStorage
+    registry: TypeRegistry
+    options: JobsOptions
+    clock: Clock
+    dispatcher: StepDispatcher
+    externalize_plans: bool = True
+    """Store large plans apart from the job where storage can (every host must support it)."""
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """Hooks may be plain or async methods."""
+    if inspect.isawaitable(value):
+        return await value  # type: ignore[no-any-return]
+    return value  # type: ignore[return-value]
+
+
+def error_messages(error: BaseException) -> list[str]:
+    return [f"{type(error).__name__}: {error}"] if str(error) else [type(error).__name__]
+
+
+def describe(value: Any) -> str:
+    return type(value).__qualname__

@@ -1,0 +1,185 @@
+"""An in-process cluster: the engine with its managers and one worker, no Ray.
+
+Tests (yours and ours) run whole job lifecycles here in milliseconds, with a `FakeClock` that
+they move by hand, and can crash the "cluster" — drop every activation and run without writing
+anything — and bring it back from storage.
+
+    cluster = InProcessCluster()
+    async with cluster:
+        result = await cluster.start(MyJob, MyRequest(...))
+        state = await cluster.wait(result.job_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..engine.clock import Clock, FakeClock, settle
+from ..engine.context import EngineContext
+from ..engine.job import JobStartResult
+from ..engine.manager import JobsManager
+from ..engine.messages import StartResult, StepReport, StepStart, StopRequest, StopResult
+from ..engine.worker import StepWorker, SyncStepRunner
+from ..jobs.errors import JobNotFoundError
+from ..jobs.job import Job
+from ..jobs.options import JobsOptions
+from ..jobs.registry import TypeRegistry, default_registry
+from ..jobs.state import JobKey, JobState
+from ..storage.protocols import JobsStorage
+from ..storage.provider import StorageProvider, open_storage
+
+
+class InProcessCluster:
+    """Managers per (scope, namespace) and one worker, wired directly to each other."""
+
+    def __init__(
+        self,
+        storage: str | StorageProvider | None = None,
+        *,
+        options: JobsOptions | None = None,
+        registry: TypeRegistry | None = None,
+        clock: Clock | None = None,
+        max_parallel_steps: int | None = None,
+        wrap_storage: Any = None,
+    ) -> None:
+        self.registry = registry or default_registry
+        self.options = options or JobsOptions()
+        self.clock = clock if clock is not None else FakeClock()
+        if isinstance(storage, StorageProvider):
+            self.provider = storage
+        else:
+            url = storage or f"memory://in-process-{uuid.uuid4().hex}"
+            self.provider = open_storage(url, registry=self.registry, options=self.options)
+        self.max_parallel_steps = max_parallel_steps
+        self.wrap_storage = wrap_storage
+        self._storages: dict[JobKey, JobsStorage] = {}
+        self.managers: dict[JobKey, JobsManager] = {}
+        self.worker = self._new_worker()
+        self.dispatch_fault: BaseException | None = None
+        self.report_fault: BaseException | None = None
+        self.start_batches: list[int] = []
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def storage(self, key: JobKey | None = None) -> JobsStorage:
+        key = key or JobKey()
+        storage = self._storages.get(key)
+        if storage is None:
+            storage = self.provider.for_key(key)
+            if self.wrap_storage is not None:
+                storage = self.wrap_storage(storage)
+            self._storages[key] = storage
+        return storage
+
+    def manager(self, key: JobKey | None = None) -> JobsManager:
+        key = key or JobKey()
+        manager = self.managers.get(key)
+        if manager is None:
+            manager = self.managers[key] = JobsManager(
+                EngineContext(
+                    key=key,
+                    storage=self.storage(key),
+                    registry=self.registry,
+                    options=self.options,
+                    clock=self.clock,
+                    dispatcher=self,
+                )
+            )
+        return manager
+
+    def _new_worker(self) -> StepWorker:
+        return StepWorker(
+            storage_for=self.storage,
+            registry=self.registry,
+            options=self.options,
+            clock=self.clock,
+            reporter=self,
+            max_parallel_steps=self.max_parallel_steps,
+            sync_runner=SyncStepRunner(),
+        )
+
+    # StepDispatcher
+    async def start_steps(
+        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
+    ) -> list[StartResult]:
+        if self.dispatch_fault is not None:
+            raise self.dispatch_fault
+        self.start_batches.append(len(starts))
+        return await self.worker.start_steps(job_key, job_id, job_type, starts)
+
+    async def stop_steps(self, request: StopRequest) -> StopResult:
+        return await self.worker.stop_steps(request)
+
+    # JobReporter
+    async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
+        if self.report_fault is not None:
+            raise self.report_fault
+        await self.manager(job_key).deliver(job_id, reports)
+
+    # -- what tests do --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> InProcessCluster:
+        await self.provider.initialize()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for manager in self.managers.values():
+            manager.close()
+        await self.worker.close()
+        await self.provider.close()
+
+    async def start(
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel,
+        *,
+        key: JobKey | None = None,
+        job_id: str | None = None,
+    ) -> JobStartResult:
+        return await self.manager(key).start(job_type, request, job_id=job_id)
+
+    async def settle(self) -> None:
+        """Run until nothing moves on by itself: steps that finish at once have finished,
+        their outcomes are written and counted; steps blocked on something else keep waiting."""
+        quiet = 0
+        for _ in range(100_000):
+            await asyncio.sleep(0)
+            busy = self.worker.busy or any(m.busy for m in self.managers.values())
+            quiet = 0 if busy else quiet + 1
+            if quiet >= 25:
+                return
+            if busy and self.worker.sync_runner.in_flight:
+                await asyncio.sleep(0.001)  # a synchronous step is working in a thread
+        raise TimeoutError("the in-process cluster did not settle")
+
+    async def wait(self, job_id: str, key: JobKey | None = None) -> JobState | None:
+        """Settle, then the job's stored state (None once a finished job was cleared)."""
+        await self.settle()
+        try:
+            return await self.manager(key).get(job_id)
+        except JobNotFoundError:
+            return None
+
+    async def crash(self) -> None:
+        """Lose every process: activations vanish, runs end unwritten, nothing is reported."""
+        await self.worker.close()
+        for manager in self.managers.values():
+            manager.close()
+        self.managers.clear()
+        self.worker = self._new_worker()
+        await settle()
+
+    async def advance(self, seconds: float) -> None:
+        if not isinstance(self.clock, FakeClock):
+            raise TypeError("advance needs a FakeClock")
+        await self.settle()  # timers started by what just happened join before time moves
+        await self.clock.advance(seconds)
+        await self.settle()
