@@ -21,6 +21,7 @@ from ..jobs.errors import (
     ChoreographyError,
     JobNotFoundError,
     ResumeJobSuccess,
+    ShuttingDownError,
     UnknownTypeError,
 )
 from ..jobs.job import Job
@@ -327,6 +328,8 @@ class JobsManager:
         Returns once the jobs are loaded, before they resume; the returned task ends when the
         drain does. An overlapping call shares the drain under way.
         """
+        if self._closed:
+            raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
         if self._rehydration is not None and not self._rehydration.done():
             return self._rehydration
         if self._preparing is not None:
@@ -354,6 +357,8 @@ class JobsManager:
 
         async def recover(job: JobState) -> None:
             async with limit:
+                if self._closed:
+                    return  # the host stopped: the job stays in storage for the next pass
                 try:
                     await self._recover(job.id, report)
                 except Exception as error:
@@ -392,6 +397,8 @@ class JobsManager:
     def close(self) -> None:
         """Stop background recovery; activations are dropped without writing anything."""
         self._closed = True
+        if self._rehydration is not None:
+            self._rehydration.cancel()
         for task in list(self._tasks):
             task.cancel()
         for activation in list(self._activations.values()):

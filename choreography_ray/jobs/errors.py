@@ -32,6 +32,7 @@ __all__ = [
     "RemoveJobFailed",
     "ResumeJobFailed",
     "ResumeJobSuccess",
+    "ShuttingDownError",
     "StartJobError",
     "StartJobFailed",
     "StartJobStepError",
@@ -297,6 +298,10 @@ class JobNotFoundError(JobOperationError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r}", code=StorageJobError.NOT_FOUND)
         self.job_id = job_id
+
+
+class ShuttingDownError(ChoreographyError):
+    """Raised when a host or manager that is shutting down is asked to take on work."""
 
 
 class NoEligibleJobWorker(ChoreographyError):

@@ -1474,3 +1474,55 @@ def test_when_starting_a_single_step_job_and_it_is_stopped_while_its_step_report
         assert state.status == JobStatus.STOPPED
         assert state.stop_finalized, f"the stop never finished: {progress}, steps {steps}"
         assert hook_count(script, "on_stopped") == 1
+
+
+def test_when_rehydrating_after_the_host_has_stopped_nothing_runs(run, script):
+    from choreography_ray.jobs import ShuttingDownError
+
+    async def scenario():
+        async with new_cluster() as cluster:
+            [job_id] = await interrupt(cluster, script, ["a"])
+            manager = cluster.manager()
+            manager.close()
+            with pytest.raises(ShuttingDownError):
+                await manager.rehydrate()
+            return await cluster.storage().jobs.get(job_id)
+
+    state = run(scenario())
+    assert script.ran("a") == 1
+    assert state.status == JobStatus.RUNNING  # left for the next host to recover
+
+
+def test_when_the_host_stops_during_rehydration_jobs_not_yet_resumed_stay_for_the_next_pass(
+    run, script
+):
+    interceptor = Interceptor()
+    reread = asyncio.Event()
+
+    async def held_find(target: Any, job_id: str) -> Any:
+        await reread.wait()
+        return await target(job_id)
+
+    async def scenario():
+        async with new_cluster(wrap_storage=interceptor.wrap) as cluster:
+            [job_id] = await interrupt(cluster, script, ["a"])
+            interceptor.hooks["jobs.find"] = held_find
+            manager = cluster.manager()
+            drain = await manager.rehydrate()
+            await cluster.settle()
+            manager.close()  # the host stops while the job waits in the drain
+            reread.set()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+            await cluster.settle()
+            ran = script.ran("a")
+            # The next host finds the job where it was, and recovers it.
+            del interceptor.hooks["jobs.find"]
+            await cluster.crash()
+            script.release("a")
+            await (await cluster.manager().rehydrate())
+            return ran, await cluster.wait(job_id)
+
+    ran, state = run(scenario())
+    assert ran == 1
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY

@@ -630,9 +630,7 @@ def test_a_single_record_write_runs_inline_and_a_large_batch_on_the_thread(run, 
     assert submitted == ["_save_many"]
 
 
-def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(
-    run, tmp_path, registry
-):
+def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(run, tmp_path, registry):
     provider = open_storage(sqlite_url(tmp_path), registry=registry)
     locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
 
