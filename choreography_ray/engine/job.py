@@ -194,6 +194,21 @@ class JobActivation:
     async def _hook(self, name: str, *args: Any) -> None:
         await maybe_await(getattr(self.job, name)(*args))
 
+    async def _dispatch_hook(
+        self, *, incomplete: bool, resuming: bool, stage: int | None = None
+    ) -> None:
+        """`on_before_dispatching_job_steps` for `stage` (default: the first open one)."""
+        if stage is None:
+            stage = self._first_open_stage()
+        await self._hook(
+            "on_before_dispatching_job_steps",
+            JobStepDispatchContext(
+                initialization_may_be_incomplete=incomplete,
+                resuming=resuming,
+                stage=stage if stage is not None else 0,
+            ),
+        )
+
     # -- start ----------------------------------------------------------------------------------
 
     async def start(self, request: BaseModel) -> JobStartResult:
@@ -419,16 +434,8 @@ class JobActivation:
     async def _enter_running(
         self, *, incomplete: bool, resuming: bool, fresh: bool
     ) -> JobStartResult:
-        first = self._first_open_stage()
         try:
-            await self._hook(
-                "on_before_dispatching_job_steps",
-                JobStepDispatchContext(
-                    initialization_may_be_incomplete=incomplete,
-                    resuming=resuming,
-                    stage=first if first is not None else 0,
-                ),
-            )
+            await self._dispatch_hook(incomplete=incomplete, resuming=resuming)
         except Exception as error:
             return await self._fail_start(error, StartJobError.UNKNOWN)
         incarnation_kept = self.state.stored_step_plan_incarnation
@@ -523,14 +530,7 @@ class JobActivation:
             if following != stage:
                 if stage is not None:
                     try:
-                        await self._hook(
-                            "on_before_dispatching_job_steps",
-                            JobStepDispatchContext(
-                                initialization_may_be_incomplete=False,
-                                resuming=False,
-                                stage=following,
-                            ),
-                        )
+                        await self._dispatch_hook(incomplete=False, resuming=False, stage=following)
                     except Exception as error:
                         log.exception(
                             "job %s: dispatch hook failed before stage %s", self.id, following
@@ -1137,17 +1137,9 @@ class JobActivation:
         if self.state.progress.is_completed:
             await self._complete()
             return ResumeJobSuccess.JOB_IS_COMPLETED
-        stage = self._first_open_stage()
         try:
             await self._hook("on_before_resuming_job_steps")
-            await self._hook(
-                "on_before_dispatching_job_steps",
-                JobStepDispatchContext(
-                    initialization_may_be_incomplete=False,
-                    resuming=True,
-                    stage=stage if stage is not None else 0,
-                ),
-            )
+            await self._dispatch_hook(incomplete=False, resuming=True)
         except Exception as error:
             if from_stop:
                 await self._restore_stop(previous, error)

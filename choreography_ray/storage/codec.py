@@ -8,6 +8,7 @@ registry does not know, raises `MalformedRecordError` or `UnknownTypeError`. Lis
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -192,6 +193,17 @@ def check_job_key(state: JobState, key: JobKey) -> None:
             f"job {state.id!r} belongs to {state.key}, not to {key}: a storage partition only "
             "writes its own jobs"
         )
+
+
+def check_batch(states: Sequence[JobStepState]) -> list[tuple[str, str]]:
+    """The (job id, step id) of every record of a batch, each checked and appearing once."""
+    pairs = []
+    for state in states:
+        check_id(state.job_id, "job id")
+        check_id(state.id, "step id")
+        pairs.append((state.job_id, state.id))
+    check_unique(pairs)
+    return pairs
 
 
 def check_unique(ids: list[tuple[str, str]]) -> None:

@@ -20,9 +20,9 @@ from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
     RecordCodec,
+    check_batch,
     check_id,
     check_job_key,
-    check_unique,
     not_found_job,
     not_found_step,
     to_micros,
@@ -248,12 +248,7 @@ class MemoryJobStepStorage(_Base):
     async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
         if not states:
             return []
-        pairs = []
-        for state in states:
-            check_id(state.job_id, "job id")
-            check_id(state.id, "step id")
-            pairs.append((state.job_id, state.id))
-        check_unique(pairs)
+        check_batch(states)
         documents = [self._codec.encode_step(state) for state in states]
         with self._lock:
             conflicts = []

@@ -70,9 +70,9 @@ from ..jobs.state import DEFAULT_NAMESPACE, JobKey, JobState, JobStepState, Plan
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
     RecordCodec,
+    check_batch,
     check_id,
     check_job_key,
-    check_unique,
     not_found_job,
     not_found_step,
     to_micros,
@@ -657,12 +657,7 @@ class MongoJobStepStorage(_Base):
     async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
         if not states:
             return []
-        pairs = []
-        for state in states:
-            check_id(state.job_id, "job id")
-            check_id(state.id, "step id")
-            pairs.append((state.job_id, state.id))
-        check_unique(pairs)
+        pairs = check_batch(states)
         token = uuid.uuid4().hex
         expected = [state.version for state in states]
         documents = [

@@ -70,9 +70,9 @@ from ..jobs.state import JobKey, JobState, JobStepState
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
     RecordCodec,
+    check_batch,
     check_id,
     check_job_key,
-    check_unique,
     not_found_job,
     not_found_step,
     to_micros,
@@ -773,12 +773,7 @@ class SqlJobStepStorage(_Base):
     async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
         if not states:
             return []
-        pairs = []
-        for state in states:
-            check_id(state.job_id, "job id")
-            check_id(state.id, "step id")
-            pairs.append((state.job_id, state.id))
-        check_unique(pairs)
+        check_batch(states)
         run = self._quick if len(states) <= _QUICK_BATCH else self._run
         return await run(self._save_many, list(states))
 
