@@ -10,11 +10,26 @@ from .storage import JobQuery, StorageProvider, StorageURL, open_storage
 
 __version__ = "0.1.0"
 
+_RUNTIME = {"connect", "Jobs", "AsyncJobs"}
+
+
+def __getattr__(name: str) -> object:
+    # The Ray runtime loads only when asked for: declaring jobs never imports Ray.
+    if name in _RUNTIME:
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'choreography_ray' has no attribute {name!r}")
+
+
 __all__ = [
     *_jobs_all,
+    "AsyncJobs",  # noqa: F405 - loaded on first use (see __getattr__)
     "JobQuery",
+    "Jobs",  # noqa: F405
     "StorageProvider",
     "StorageURL",
     "__version__",
+    "connect",  # noqa: F405
     "open_storage",
 ]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry
-from ..jobs.state import JobKey
+from ..jobs.state import JobKey, JobOwner
+from ..jobs.status import JobStatus
 from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .ports import StepDispatcher
@@ -27,6 +28,12 @@ class EngineContext:
     dispatcher: StepDispatcher
     externalize_plans: bool = True
     """Store large plans apart from the job where storage can (every host must support it)."""
+    owner: JobOwner | None = None
+    """This host's identity; when set, activating a job claims it by compare-and-set."""
+    owner_alive: Callable[[JobOwner], Awaitable[bool]] | None = None
+    """Whether another host that owns a job still runs it."""
+    on_status: Callable[[JobStatus], None] | None = None
+    """Told every status a job enters (metrics)."""
 
 
 async def maybe_await(value: T | Awaitable[T]) -> T:

@@ -112,6 +112,7 @@ class JobActivation:
         self.job = job_class()
         self.job.info = JobInfo(id=state.id, key=state.key, status=state.status)
         self._on_release = on_release
+        self.log = logging.LoggerAdapter(log, {"job_id": state.id, "step_id": "-"})
         self._turn = asyncio.Lock()
         self._inbox: list[StepReport] = []
         self._drain_task: asyncio.Task[None] | None = None
@@ -165,6 +166,8 @@ class JobActivation:
         ]
         self.job.info.status = status
         self.job.info.progress = self.state.progress
+        if self.ctx.on_status is not None:
+            self.ctx.on_status(status)
 
     async def _save(self) -> None:
         """Compare-and-set the job record; a lost race means another activation owns the job."""
@@ -177,7 +180,7 @@ class JobActivation:
 
     def _release(self, reason: str) -> None:
         if not self.released:
-            log.warning("job %s: activation released: %s", self.id, reason)
+            self.log.warning("job %s: activation released: %s", self.id, reason)
             self.released = True
             self.release_reason = reason
             for task in self._retries.values():
@@ -233,7 +236,7 @@ class JobActivation:
         try:
             self.state.details = self.job.details(request) or ""
         except Exception:
-            log.exception("job %s: details() failed", self.id)
+            self.log.exception("job %s: details() failed", self.id)
         self._change(JobStatus.PREPARING_JOB)
         try:
             await self._save()
@@ -274,7 +277,7 @@ class JobActivation:
                 return
             result = await self._prepare_and_run(plan, existing=set(), clean_start=True)
             if not result.succeeded:
-                log.warning(
+                self.log.warning(
                     "job %s: starting its steps in the background failed: %s %s",
                     self.id,
                     result.error.name if result.error is not None else "",
@@ -332,7 +335,7 @@ class JobActivation:
         try:
             await plans.delete_plan(self.id, incarnation)
         except Exception:
-            log.exception("job %s: could not delete plan incarnation %s", self.id, incarnation)
+            self.log.exception("job %s: could not delete plan incarnation %s", self.id, incarnation)
 
     def _index_plan(self, plan: Iterable[PlannedStep]) -> None:
         self._stage_steps = {}
@@ -365,7 +368,7 @@ class JobActivation:
                 try:
                     await self._hook("on_failed_to_prepare")
                 except Exception:
-                    log.exception("job %s: on_failed_to_prepare failed", self.id)
+                    self.log.exception("job %s: on_failed_to_prepare failed", self.id)
             return result
         try:
             if self.state.status != JobStatus.STARTING_STEPS:
@@ -532,7 +535,7 @@ class JobActivation:
                     try:
                         await self._dispatch_hook(incomplete=False, resuming=False, stage=following)
                     except Exception as error:
-                        log.exception(
+                        self.log.exception(
                             "job %s: dispatch hook failed before stage %s", self.id, following
                         )
                         self.counters.hook_errors.append(str(error))
@@ -603,7 +606,9 @@ class JobActivation:
             return 0
         tracked = self._tracked.pop(result.step_id, None)
         stage = tracked.stage if tracked else self._stage_of.get(result.step_id, 0)
-        log.warning("job %s: step %s failed to start: %s", self.id, result.step_id, result.reason)
+        self.log.warning(
+            "job %s: step %s failed to start: %s", self.id, result.step_id, result.reason
+        )
         await self._count(
             StepReport(
                 step_id=result.step_id,
@@ -630,7 +635,7 @@ class JobActivation:
             return failed
         for start in batch:
             self._tracked.pop(start.step_id, None)
-        log.warning(
+        self.log.warning(
             "job %s: %d step start(s) were not delivered (%s); retrying every %s",
             self.id,
             len(batch),
@@ -700,7 +705,7 @@ class JobActivation:
                 except Released:
                     return
                 except Exception:
-                    log.exception("job %s: handling step outcomes failed", self.id)
+                    self.log.exception("job %s: handling step outcomes failed", self.id)
                     self._release("handling step outcomes failed")
                     return
 
@@ -759,7 +764,7 @@ class JobActivation:
             if not self.job.should_retry_step(outcome, report.error or outcome.error):  # type: ignore[arg-type]
                 return False
         except Exception:
-            log.exception("job %s: should_retry_step failed; not retrying", self.id)
+            self.log.exception("job %s: should_retry_step failed; not retrying", self.id)
             return False
         self._tracked.pop(report.step_id, None)
         delay = self._backoff(report.attempt)
@@ -795,7 +800,7 @@ class JobActivation:
             try:
                 result = self._typed_result(report)
             except Exception:
-                log.exception("job %s: result of step %s unreadable", self.id, report.step_id)
+                self.log.exception("job %s: result of step %s unreadable", self.id, report.step_id)
         return StepOutcome(
             step_id=report.step_id,
             name=report.name or self._names.get(report.step_id, ""),
@@ -820,7 +825,7 @@ class JobActivation:
         try:
             await self._hook("on_step_completed_or_stopped", self._outcome(report))
         except Exception as error:
-            log.exception("job %s: on_step_completed_or_stopped failed", self.id)
+            self.log.exception("job %s: on_step_completed_or_stopped failed", self.id)
             self.counters.hook_errors.append(str(error))
 
     # -- completion -----------------------------------------------------------------------------
@@ -870,7 +875,7 @@ class JobActivation:
             await self.ctx.storage.steps.remove_all_for_job(self.id)
             await self.ctx.storage.jobs.remove(self.id)
         except Exception:
-            log.exception("job %s: could not clear its state", self.id)
+            self.log.exception("job %s: could not clear its state", self.id)
             raise
 
     def _finished(self) -> None:
@@ -987,7 +992,7 @@ class JobActivation:
                 )
                 stopping = set(answer.stopping)
             except Exception:
-                log.exception("job %s: telling workers to stop failed", self.id)
+                self.log.exception("job %s: telling workers to stop failed", self.id)
         for step_id in stopping:
             if step_id not in self._tracked:
                 self._tracked[step_id] = _Tracked(
@@ -1020,7 +1025,7 @@ class JobActivation:
         try:
             await self._hook("on_stopped")
         except Exception as error:
-            log.exception("job %s: on_stopped failed", self.id)
+            self.log.exception("job %s: on_stopped failed", self.id)
             if self.state.status == JobStatus.REMOVING:
                 raise RemoveJobFailed(
                     f"on_stopped failed: {error}", code=RemoveJobError.UNKNOWN
@@ -1169,7 +1174,7 @@ class JobActivation:
         try:
             await self._hook("on_stopped")
         except Exception:
-            log.exception("job %s: on_stopped failed", self.id)
+            self.log.exception("job %s: on_stopped failed", self.id)
 
     def _reconcile(self, steps: list[JobStepState]) -> dict[int, list[tuple[str, int]]]:
         """Recount progress from stored steps; returns what each stage still has to run."""

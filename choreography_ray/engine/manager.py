@@ -20,9 +20,11 @@ from pydantic import BaseModel
 from ..jobs.errors import (
     ChoreographyError,
     JobNotFoundError,
+    OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
     UnknownTypeError,
+    VersionConflictError,
 )
 from ..jobs.job import Job
 from ..jobs.registry import TypeKind
@@ -148,6 +150,8 @@ class JobsManager:
             state = await self.ctx.storage.jobs.find(job_id)
             if state is None:
                 raise JobNotFoundError(job_id)
+            if self.ctx.owner is not None:
+                state = await self._claim(state)
             activation = self._new_activation(state)
             future.set_result(activation)
             return activation
@@ -157,6 +161,40 @@ class JobsManager:
             raise
         finally:
             del self._activating[job_id]
+
+    async def _claim(self, state: JobState) -> JobState:
+        """Make this host the job's one owner, by compare-and-set on the job record.
+
+        A job owned by another host that still runs is not taken: the caller is told where it
+        lives. A job whose owner is gone is taken over.
+        """
+        me = self.ctx.owner
+        assert me is not None
+        for _ in range(3):
+            current = state.owner
+            if current is not None and (current.host, current.activation_epoch) == (
+                me.host,
+                me.activation_epoch,
+            ):
+                return state
+            if (
+                current is not None
+                and self.ctx.owner_alive is not None
+                and await self.ctx.owner_alive(current)
+            ):
+                raise OwnedElsewhereError(state.id, current.host, current.activation_epoch)
+            if state.status.is_terminal:
+                return state  # nothing will run: no need to own it
+            state.owner = me
+            try:
+                state.version = await self.ctx.storage.jobs.save(state)
+                return state
+            except VersionConflictError:
+                fresh = await self.ctx.storage.jobs.find(state.id)
+                if fresh is None:
+                    raise JobNotFoundError(state.id) from None
+                state = fresh
+        raise OwnedElsewhereError(state.id, state.owner.host if state.owner else "", 0)
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -183,7 +221,11 @@ class JobsManager:
         else:
             return await existing.start(request)
         state = JobState(
-            id=job_id, key=self.ctx.key, type=job_type.name, created=self.ctx.clock.now()
+            id=job_id,
+            key=self.ctx.key,
+            type=job_type.name,
+            created=self.ctx.clock.now(),
+            owner=self.ctx.owner,
         )
         activation = JobActivation(self.ctx, job_type, state, on_release=self._released)
         self._activations[job_id] = activation

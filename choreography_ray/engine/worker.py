@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,6 +42,16 @@ from .ports import JobReporter
 from .writer import StaleRecord, StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
+
+
+class StepMetrics:
+    """What a worker counts; the Ray runtime sends it to Ray's metrics, tests ignore it."""
+
+    def step_started(self) -> None:
+        """A run began performing."""
+
+    def step_finished(self, status: JobStepStatus, seconds: float) -> None:
+        """A run's outcome is durable."""
 
 
 class CallbackRejected(ChoreographyError):
@@ -101,8 +112,12 @@ class StepRun(StepContext):
         self._user_state: BaseModel | None = None
         self._checkpoints = 0
         self._unwritten = False
+        self._started: float | None = None
+        self.cancel_work: Callable[[], None] | None = None
+        """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.log = logging.LoggerAdapter(log, {"job_id": key.job_id, "step_id": key.step_id})
 
     # -- the context the work sees --------------------------------------------------------
 
@@ -190,6 +205,8 @@ class StepRun(StepContext):
         self._cancel.set()
         if self.closed:
             return  # settling: its outcome is being written and will be reported
+        if self.cancel_work is not None:
+            self.cancel_work()
         if self._task is not None and not self._task.done() and self.step_class.is_async():
             self._task.cancel()
 
@@ -197,9 +214,11 @@ class StepRun(StepContext):
         try:
             await self._execute()
         except StaleRecord:
-            log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
+            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
         except Exception:
-            log.exception("run of step %s of job %s failed to settle", self.step_id, self.job_id)
+            self.log.exception(
+                "run of step %s of job %s failed to settle", self.step_id, self.job_id
+            )
         finally:
             self.closed = True
             if self._flush_timer is not None:
@@ -227,6 +246,8 @@ class StepRun(StepContext):
         self._set(attempt=self.attempt, generation=self.generation, lease=lease, error=None)
         self._status(JobStepStatus.RUNNING)
         self._write()  # not awaited: the outcome write follows it in order
+        self._started = time.perf_counter()
+        self.worker.metrics.step_started()
         try:
             if self.step_class.is_async():
                 self._task = asyncio.current_task()  # type: ignore[assignment]
@@ -272,7 +293,7 @@ class StepRun(StepContext):
                     step.create_cancelled_result_from_current_state(self._user_state)
                 )
             except Exception:
-                log.exception("create_cancelled_result_from_current_state failed")
+                self.log.exception("create_cancelled_result_from_current_state failed")
         error = StepError(
             messages=["stopped"],
             cancelled=True,
@@ -293,6 +314,8 @@ class StepRun(StepContext):
             self._set(progress=JobStepProgress(percentage=100.0, message=""))
         self._status(status, error)
         await self._write()
+        if self._started is not None:
+            self.worker.metrics.step_finished(status, time.perf_counter() - self._started)
         stored = self.record.state
         self.worker.enqueue_report(
             self.key,
@@ -345,6 +368,7 @@ class StepWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
         self.closed = False
+        self.metrics = StepMetrics()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -366,6 +390,19 @@ class StepWorker:
             return
         future = asyncio.run_coroutine_threadsafe(_call(fn, *args), loop)
         future.result()
+
+    def callback(self, job_key: JobKey, job_id: str, step_id: str, kind: str, value: Any) -> bool:
+        """A call from step work running elsewhere (a Ray task): checkpoint, progress, or
+        whether the run was asked to stop. Refused (`CallbackRejected`) once the run is over."""
+        run = self._runs.get(RunKey(job_key, job_id, step_id))
+        if run is None or run.closed:
+            why = ActivationCallbackRejected.CLOSED if run else ActivationCallbackRejected.NO_RUN
+            raise CallbackRejected(f"step {step_id} of job {job_id}: the run is over", code=why)
+        if kind == "checkpoint":
+            run._checkpoint(value)
+        elif kind == "progress":
+            run._progress(*value)
+        return run.cancelled
 
     @property
     def active_runs(self) -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "JobTypesError",
     "MalformedRecordError",
     "NoEligibleJobWorker",
+    "OwnedElsewhereError",
     "PerformWorkError",
     "PrepareJobStepError",
     "RecordNotFoundError",
@@ -298,6 +299,16 @@ class JobNotFoundError(JobOperationError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r}", code=StorageJobError.NOT_FOUND)
         self.job_id = job_id
+
+
+class OwnedElsewhereError(ChoreographyError):
+    """Raised when a job's live activation is on another host; `host` names it."""
+
+    def __init__(self, job_id: str, host: str, epoch: int) -> None:
+        super().__init__(f"job {job_id!r} is active on host {host!r}")
+        self.job_id = job_id
+        self.host = host
+        self.epoch = epoch
 
 
 class ShuttingDownError(ChoreographyError):

@@ -1,1 +1,6 @@
-"""The Ray shell: host actors, activation and routing, the Jobs client, membership."""
+"""The Ray shell: host actors, activation and routing, the Jobs client."""
+
+from .client import AsyncJobs, Jobs, connect
+from .placement import start_hosts, stop_hosts
+
+__all__ = ["AsyncJobs", "Jobs", "connect", "start_hosts", "stop_hosts"]

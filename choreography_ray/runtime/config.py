@@ -1,0 +1,86 @@
+"""The cluster-wide configuration: written once, read by every host, so all hosts agree.
+
+It lives in Ray's internal key-value store (in the GCS), which every driver and actor of the
+cluster reaches and which lives as long as the cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ..jobs.errors import ConfigurationError
+from ..jobs.options import JobsOptions
+from ..jobs.state import JobKey
+from .constants import CONFIG_KEY
+
+log = logging.getLogger("choreography_ray.runtime")
+
+
+class ClusterConfig(BaseModel):
+    storage: str
+    """The storage URL every host opens."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """JobsOptions settings that differ from the defaults."""
+    modules: list[str] = Field(default_factory=list)
+    """Modules every host imports, so job and step types resolve by name."""
+    keys: list[JobKey] = Field(default_factory=list)
+    """Every (scope, namespace) a client has used: the partitions hosts recover."""
+
+    def jobs_options(self) -> JobsOptions:
+        return JobsOptions.from_mapping(self.options)
+
+
+def _kv() -> tuple[Any, Any]:
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    return _internal_kv_get, _internal_kv_put
+
+
+def read_config(namespace: str) -> ClusterConfig | None:
+    get, _ = _kv()
+    raw = get(CONFIG_KEY, namespace=namespace)
+    if raw is None:
+        return None
+    return ClusterConfig.model_validate_json(raw)
+
+
+def write_config(config: ClusterConfig, namespace: str) -> None:
+    _, put = _kv()
+    put(CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace)
+
+
+def import_modules(modules: list[str]) -> list[str]:
+    """Import the modules that define job types; returns the ones that failed, with reasons."""
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as error:
+            log.error("could not import job module %r: %s", name, error)
+            failed.append(f"{name}: {type(error).__name__}: {error}")
+    return failed
+
+
+def merge(config: ClusterConfig, *, modules: list[str], keys: list[JobKey]) -> ClusterConfig:
+    new_modules = [m for m in modules if m not in config.modules]
+    new_keys = [k for k in keys if k not in config.keys]
+    if not new_modules and not new_keys:
+        return config
+    return config.model_copy(
+        update={"modules": [*config.modules, *new_modules], "keys": [*config.keys, *new_keys]}
+    )
+
+
+def check_same_storage(config: ClusterConfig, storage: str | None) -> None:
+    if storage is not None and storage != config.storage:
+        from ..storage.url import redact
+
+        raise ConfigurationError(
+            f"this Ray cluster's job system already uses storage {redact(config.storage)!r}; "
+            f"it cannot also use {redact(storage)!r} (connect without storage=, or use another "
+            "namespace)"
+        )

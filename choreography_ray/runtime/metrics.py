@@ -1,0 +1,74 @@
+"""Metrics through `ray.util.metrics`, so the Ray dashboard and Prometheus see them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ..engine.messages import StepReport
+from ..jobs.status import JobStatus, JobStepStatus
+
+log = logging.getLogger("choreography_ray.runtime")
+
+_DURATION_BOUNDARIES = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800]
+
+
+class Metrics:
+    """Counters and a histogram of one host; a no-op where Ray's metrics are unavailable."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        try:
+            from ray.util.metrics import Counter, Histogram
+
+            self._jobs = Counter(
+                "choreography_job_status_changes",
+                description="Jobs entering each status.",
+                tag_keys=("status",),
+            )
+            self._starts = Counter(
+                "choreography_job_starts",
+                description="Job starts by job type and whether they succeeded.",
+                tag_keys=("job_type", "succeeded"),
+            )
+            self._steps = Counter(
+                "choreography_steps",
+                description="Steps started, succeeded, failed and stopped.",
+                tag_keys=("event",),
+            )
+            self._duration = Histogram(
+                "choreography_step_duration_seconds",
+                description="Time from a step's start to its persisted outcome.",
+                boundaries=_DURATION_BOUNDARIES,
+            )
+            self.enabled = True
+        except Exception as error:  # outside a Ray worker, or metrics disabled
+            log.debug("metrics disabled: %s", error)
+            self.enabled = False
+
+    def job_status(self, status: JobStatus) -> None:
+        if self.enabled:
+            self._jobs.inc(tags={"status": status.name})
+
+    def job_started(self, job_type: str, succeeded: bool) -> None:
+        if self.enabled:
+            self._starts.inc(tags={"job_type": job_type, "succeeded": str(succeeded).lower()})
+
+    def outcomes(self, reports: Sequence[StepReport]) -> None:
+        """Counted where outcomes arrive (the controller), once per report."""
+
+    def step_started(self) -> None:
+        if self.enabled:
+            self._steps.inc(tags={"event": "started"})
+
+    def step_finished(self, status: JobStepStatus, seconds: float) -> None:
+        if not self.enabled:
+            return
+        event = {
+            JobStepStatus.COMPLETED_SUCCESSFULLY: "succeeded",
+            JobStepStatus.COMPLETED_WITH_FAILURE: "failed",
+            JobStepStatus.STOPPED: "stopped",
+            JobStepStatus.REMOVING: "stopped",
+        }.get(status, status.name.lower())
+        self._steps.inc(tags={"event": event})
+        self._duration.observe(seconds)

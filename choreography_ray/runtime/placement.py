@@ -1,0 +1,103 @@
+"""Which nodes run which host actors, and starting them.
+
+A node that declares the custom resource `choreography_controller` runs a controller host; one
+that declares `choreography_worker` runs a worker host. While no node of the cluster declares
+either, every node takes both roles (a laptop, a cluster started without roles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .constants import CONTROLLER_RESOURCE, WORKER_RESOURCE, controller_name, worker_name
+from .hosts import ControllerHost, WorkerHost
+
+log = logging.getLogger("choreography_ray.runtime")
+
+
+@dataclass(frozen=True)
+class NodeRoles:
+    node_id: str
+    controller: bool
+    worker: bool
+    max_parallel_steps: int | None = None
+
+
+def node_roles() -> list[NodeRoles]:
+    """The roles of every live node, from the custom resources the nodes declare."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    declared = any(
+        CONTROLLER_RESOURCE in n.get("Resources", {}) or WORKER_RESOURCE in n.get("Resources", {})
+        for n in nodes
+    )
+    roles = []
+    for node in nodes:
+        resources = node.get("Resources", {})
+        if declared:
+            controller = CONTROLLER_RESOURCE in resources
+            worker = WORKER_RESOURCE in resources
+        else:
+            controller = worker = True
+        if controller or worker:
+            roles.append(NodeRoles(node["NodeID"], controller, worker))
+    return roles
+
+
+def _pinned(node_id: str) -> dict[str, Any]:
+    return {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        "lifetime": "detached",
+        "get_if_exists": True,
+        "num_cpus": 0,
+        "max_concurrency": 10_000,
+        "max_restarts": 0,
+    }
+
+
+def start_hosts(namespace: str, max_parallel_steps: int | None = None) -> dict[str, Any]:
+    """Create the host actors that are missing (idempotent); returns every host by name."""
+    hosts: dict[str, Any] = {}
+    for roles in node_roles():
+        if roles.controller:
+            name = controller_name(roles.node_id)
+            hosts[name] = (
+                ray.remote(ControllerHost)
+                .options(name=name, namespace=namespace, **_pinned(roles.node_id))
+                .remote(namespace, roles.node_id)
+            )
+        if roles.worker:
+            name = worker_name(roles.node_id)
+            hosts[name] = (
+                ray.remote(WorkerHost)
+                .options(name=name, namespace=namespace, **_pinned(roles.node_id))
+                .remote(namespace, roles.node_id, max_parallel_steps)
+            )
+    # Hosts that already ran keep their state; refresh makes them read new modules and keys.
+    ray.get([handle.ready.remote() for handle in hosts.values()])
+    ray.get([handle.refresh.remote() for handle in hosts.values()])
+    return hosts
+
+
+def stop_hosts(namespace: str) -> list[str]:
+    """Kill every host actor of the namespace (their jobs stay in storage)."""
+    killed = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != namespace or not entry.get("name", "").startswith(
+            "choreography:"
+        ):
+            continue
+        try:
+            handle = ray.get_actor(entry["name"], namespace=namespace)
+            with contextlib.suppress(Exception):
+                ray.get(handle.shutdown.remote(), timeout=10)
+            ray.kill(handle)
+            killed.append(entry["name"])
+        except ValueError:
+            continue
+    return killed

@@ -1,0 +1,99 @@
+"""`memory://` shared by every process of a cluster: one named actor holds the data.
+
+Hosts on other processes open the same URL and get a provider whose storages forward every
+call to that actor, so all hosts see one store, as they would a database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import ray
+
+from ..jobs.options import JobsOptions
+from ..jobs.registry import TypeRegistry, default_registry
+from ..jobs.state import JobKey
+from ..storage.memory import MemoryStorage
+from ..storage.protocols import JobsStorage, StorageCapabilities
+from ..storage.provider import StorageProvider, open_storage
+from ..storage.url import StorageURL
+from .constants import STORAGE_ACTOR
+
+
+class StorageActor:
+    """Holds a `memory://` store for the whole cluster."""
+
+    def __init__(self, url: str, modules: list[str]) -> None:
+        from .config import import_modules
+
+        import_modules(modules)
+        self.provider = open_storage(url)
+
+    async def call(self, key: JobKey, part: str, method: str, args: tuple[Any, ...]) -> Any:
+        storage = self.provider.for_key(key)
+        return await getattr(getattr(storage, part), method)(*args)
+
+    async def import_modules(self, modules: list[str]) -> None:
+        from .config import import_modules
+
+        import_modules(modules)
+
+
+class _Forward:
+    def __init__(self, actor: Any, key: JobKey, part: str) -> None:
+        self._actor = actor
+        self._key = key
+        self._part = part
+
+    def __getattr__(self, method: str) -> Any:
+        async def call(*args: Any) -> Any:
+            return await self._actor.call.remote(self._key, self._part, method, args)
+
+        return call
+
+
+class RemoteMemoryStorage(StorageProvider):
+    """A provider whose data lives in the cluster's storage actor."""
+
+    capabilities: ClassVar[StorageCapabilities] = MemoryStorage.capabilities
+
+    def __init__(
+        self,
+        url: StorageURL,
+        *,
+        namespace: str,
+        modules: list[str],
+        registry: TypeRegistry | None = None,
+        options: JobsOptions | None = None,
+    ) -> None:
+        super().__init__(url, registry=registry or default_registry, options=options)
+        self.actor = (
+            ray.remote(StorageActor)
+            .options(
+                name=STORAGE_ACTOR,
+                namespace=namespace,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_concurrency=1000,
+            )
+            .remote(url.raw, modules)
+        )
+
+    def _open_partition(self, key: JobKey) -> JobsStorage:
+        return JobsStorage(
+            key=key,
+            jobs=_Forward(self.actor, key, "jobs"),  # type: ignore[arg-type]
+            steps=_Forward(self.actor, key, "steps"),  # type: ignore[arg-type]
+            plans=_Forward(self.actor, key, "plans"),  # type: ignore[arg-type]
+        )
+
+
+def open_cluster_storage(
+    url: str, *, namespace: str, modules: list[str], options: JobsOptions
+) -> StorageProvider:
+    """The provider a host uses for the cluster's storage URL."""
+    parsed = StorageURL(url)
+    if parsed.scheme == "memory":
+        return RemoteMemoryStorage(parsed, namespace=namespace, modules=modules, options=options)
+    return open_storage(parsed, options=options)

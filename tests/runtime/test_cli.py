@@ -1,0 +1,99 @@
+"""The `choreography` command against a running single-node Ray (one instance for the module)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from choreography_ray.cli import app
+from choreography_ray.jobs import JobStatus
+
+from .ray_jobs import FanOut, FanOutJob, gate
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def jobs(ray_instance, tmp_path_factory):
+    import choreography_ray as cr
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'jobs.db'}"
+    return cr.connect(url, modules=["tests.runtime.ray_jobs"])
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_jobs_list_and_show_describe_a_job(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=4, stages=2))
+    jobs.wait(job_id, timeout=60)
+    listed = invoke("jobs", "list")
+    assert listed.exit_code == 0, listed.output
+    assert job_id in listed.output and "COMPLETED_SUCCESSFULLY" in listed.output
+    shown = invoke("jobs", "show", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "stage 0" in shown.output and "stage 1" in shown.output
+    assert "RUNNING" in shown.output  # the status history
+
+
+def test_jobs_stop_resume_and_remove(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True))
+        assert invoke("jobs", "stop", job_id).exit_code == 0
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.STOPPED
+        ray.get(handle.open.remote())
+        resumed = invoke("jobs", "resume", job_id)
+        assert resumed.exit_code == 0 and "SUCCESS" in resumed.output
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
+        assert invoke("jobs", "remove", job_id).exit_code == 1  # completed: refused
+    finally:
+        ray.kill(handle)
+
+
+def test_jobs_watch_follows_a_job_to_its_end(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=30))
+    watched = invoke("jobs", "watch", job_id, "--timeout", "60")
+    assert watched.exit_code == 0, watched.output
+    assert "COMPLETED_SUCCESSFULLY" in watched.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("jobs", "show", "no-such-job"), "no job with id 'no-such-job'"),
+        (("jobs", "stop", "no-such-job"), "no job with id 'no-such-job'"),
+        (("jobs", "list", "--status", "bogus"), "unknown status 'bogus'"),
+    ],
+)
+def test_mistakes_are_one_line_errors_with_a_non_zero_exit(jobs, args, message):
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_an_unreachable_cluster_is_a_one_line_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "choreography_ray.cli", "jobs", "list", "--address", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "cannot reach the Ray cluster at '127.0.0.1:1'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_storage_is_a_one_line_error(tmp_path):
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+    result = runner.invoke(app, ["storage", "check", "--storage", url])
+    assert result.exit_code == 1
+    assert "storage" in result.output and "Traceback" not in result.output

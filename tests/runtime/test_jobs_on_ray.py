@@ -1,0 +1,206 @@
+"""The job system on a single-node Ray: one Ray instance for this module, SQLite and PostgreSQL
+storage each in a Ray namespace of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+from choreography_ray.jobs import (
+    JobNotFoundError,
+    JobStatus,
+    JobStepStatus,
+    StopJobError,
+    StopJobFailed,
+)
+
+from .conftest import ROOT
+from .ray_jobs import FanOut, FanOutJob, SquaresJob, gate
+
+POSTGRES_ENV = "CHOREOGRAPHY_TEST_POSTGRES_URL"
+
+
+def _postgres_url() -> str | None:
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        return None
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}schema=ray_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def jobs(request, ray_instance, tmp_path_factory):
+    import choreography_ray as cr
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('ray') / 'jobs.db'}"
+    else:
+        url = _postgres_url()
+        if url is None:
+            required = os.environ.get("CHOREOGRAPHY_REQUIRE_PROVIDERS", "")
+            if "postgres" in required:
+                pytest.fail(f"{POSTGRES_ENV} is required here but not set")
+            pytest.skip(f"{POSTGRES_ENV} is not set")
+    # Each storage gets its own Ray namespace: a namespace's hosts share one configuration.
+    client = cr.connect(
+        url, namespace=f"choreography-{request.param}", modules=["tests.runtime.ray_jobs"]
+    )
+    client.storage_url = url
+    yield client
+
+
+def test_a_job_runs_to_completion(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=20, stages=2))
+    state = jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 20
+    assert [s.successful_steps for s in state.progress.stages] == [10, 10]
+
+
+def test_a_failing_step_completes_the_job_with_failures(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=5, fail=[3]))
+    state = jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert (state.progress.successful_steps, state.progress.failed_steps) == (4, 1)
+
+
+def test_synchronous_steps_run_as_ray_tasks(jobs):
+    job_id = jobs.start(SquaresJob, FanOut(steps=6, fail=[5]))
+    state = jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert (state.progress.successful_steps, state.progress.failed_steps) == (5, 1)
+
+
+def test_a_stopped_job_resumes_and_completes(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=4, block=True))
+        jobs.stop(job_id)
+        stopped = jobs.wait(job_id, timeout=60)
+        assert stopped.status == JobStatus.STOPPED and stopped.stop_finalized
+        assert stopped.progress.stopped_steps == 4
+        ray.get(handle.open.remote())
+        jobs.resume(job_id)
+        state = jobs.wait(job_id, timeout=60)
+        assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+        assert state.execution_generation == 2
+        assert state.progress.successful_steps == 4
+    finally:
+        ray.kill(handle)
+
+
+def test_removing_a_job_deletes_it(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=3, block=True))
+        jobs.remove(job_id)
+        assert jobs.wait(job_id, timeout=60) is None
+        with pytest.raises(JobNotFoundError):
+            jobs.get(job_id)
+    finally:
+        ray.kill(handle)
+
+
+def test_errors_are_the_projects_exceptions_with_their_codes(jobs):
+    with pytest.raises(JobNotFoundError, match="no job"):
+        jobs.get("no-such-job")
+    job_id = jobs.start(FanOutJob, FanOut(steps=1))
+    jobs.wait(job_id, timeout=60)
+    with pytest.raises(StopJobFailed) as raised:
+        jobs.stop(job_id)
+    assert raised.value.code == StopJobError.JOB_IS_COMPLETED
+
+
+def test_a_caller_supplied_id_makes_start_idempotent(jobs):
+    job_id = f"fixed-{uuid.uuid4().hex[:8]}"
+    assert jobs.start(FanOutJob, FanOut(steps=3), job_id=job_id) == job_id
+    assert jobs.start(FanOutJob, FanOut(steps=3), job_id=job_id) == job_id
+    state = jobs.wait(job_id, timeout=60)
+    assert state.progress.total_steps == 3 and state.progress.successful_steps == 3
+
+
+def test_a_thousand_steps_are_counted_exactly(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=1000, stages=2))
+    state = jobs.wait(job_id, timeout=120)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.total_steps == 1000
+    assert state.progress.successful_steps == 1000
+    assert state.progress.failed_steps == state.progress.stopped_steps == 0
+
+
+def _driver(namespace: str, code: str) -> str:
+    """Run `code` in a second driver process on this Ray cluster; its printed output."""
+    script = textwrap.dedent(
+        f"""
+        import choreography_ray as cr
+        jobs = cr.connect(address="auto", namespace={namespace!r})
+        """
+    ) + textwrap.dedent(code)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_a_second_driver_sees_the_same_job(jobs):
+    job_id = jobs.start(FanOutJob, FanOut(steps=5))
+    jobs.wait(job_id, timeout=60)
+    seen = _driver(
+        jobs.namespace,
+        f"""
+        state = jobs.get({job_id!r})
+        print(state.status.name, state.progress.successful_steps)
+        """,
+    )
+    assert seen == "COMPLETED_SUCCESSFULLY 5"
+
+
+def test_a_driver_that_exits_leaves_its_job_for_the_next_one(jobs):
+    job_id = _driver(
+        jobs.namespace,
+        """
+        from tests.runtime.ray_jobs import FanOut, FanOutJob
+        print(jobs.start(FanOutJob, FanOut(steps=50)))
+        """,
+    )
+    state = jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 50
+
+
+def test_step_records_hold_every_outcome(jobs):
+    import asyncio
+
+    from choreography_ray.storage import open_storage
+
+    job_id = jobs.start(FanOutJob, FanOut(steps=10, fail=[0]))
+    jobs.wait(job_id, timeout=60)
+
+    async def count():
+        provider = open_storage(jobs.storage_url)
+        await provider.initialize()
+        try:
+            return await provider.for_key().steps.count_by_status(job_id)
+        finally:
+            await provider.close()
+
+    counts = asyncio.run(count())
+    assert counts == {
+        JobStepStatus.COMPLETED_SUCCESSFULLY: 9,
+        JobStepStatus.COMPLETED_WITH_FAILURE: 1,
+    }
