@@ -266,6 +266,60 @@ def _shutdown_local_ray() -> None:
         ray.shutdown()
 
 
+@app.command()
+def bench(
+    steps: Annotated[int, typer.Option(min=10, help="Steps of each fan-out job.")] = 1000,
+    runs: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 3,
+    tuned: Annotated[int, typer.Option(min=1, help="max_parallel_steps of the tuned hosts.")] = 256,
+) -> None:
+    """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray."""
+    import tempfile
+
+    import ray
+
+    from . import bench as fanout
+    from .runtime import connect, stop_hosts
+
+    table = Table("", "steps/s (median)", "vs plain Ray", "p50 latency s", "p99 latency s")
+    with tempfile.TemporaryDirectory() as workdir:
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        try:
+            configs = {}
+            for name, parallel in (("default", None), ("tuned", tuned)):
+                url = f"sqlite:///{workdir}/{name}.db"
+                configs[name] = (
+                    connect(
+                        url,
+                        namespace=f"bench-{name}",
+                        modules=[fanout.__name__],
+                        max_parallel_steps=parallel,
+                    ),
+                    url,
+                )
+            plain = [steps / fanout.plain_ray_tasks(steps) for _ in range(runs)]
+            ray_rate = fanout.median(plain)
+            table.add_row("plain Ray tasks", f"{ray_rate:,.0f}", "1.0x", "", "")
+            for name, (jobs, url) in configs.items():
+                results = [fanout.run_fanout(jobs, steps, url, name) for _ in range(runs)]
+                middle = sorted(results, key=lambda r: r.rate)[len(results) // 2]
+                label = "choreography_ray" + (
+                    " (default options)" if name == "default" else f" (max_parallel_steps={tuned})"
+                )
+                table.add_row(
+                    label,
+                    f"{middle.rate:,.0f}",
+                    f"{middle.rate / ray_rate:.1f}x",
+                    f"{middle.percentile(0.5):.3f}",
+                    f"{middle.percentile(0.99):.3f}",
+                )
+        finally:
+            for name in ("default", "tuned"):
+                stop_hosts(f"bench-{name}")
+            ray.shutdown()
+    console.print(f"fan-out of {steps} no-op steps, SQLite, {runs} run(s) each")
+    console.print(table)
+
+
 # -- jobs ------------------------------------------------------------------------------------------
 
 

@@ -88,6 +88,8 @@ class _Counters:
     ignored_reports: int = 0
     dispatched: int = 0
     job_writes: int = 0
+    step_batches: int = 0
+    step_rows: int = 0
     hook_errors: list[str] = field(default_factory=list)
 
 
@@ -112,6 +114,9 @@ class JobActivation:
         self.job = job_class()
         self.job.info = JobInfo(id=state.id, key=state.key, status=state.status)
         self._on_release = on_release
+        self._hears_outcomes = (
+            job_class.on_step_completed_or_stopped is not Job.on_step_completed_or_stopped
+        )
         self.log = logging.LoggerAdapter(log, {"job_id": state.id, "step_id": "-"})
         self._turn = asyncio.Lock()
         self._inbox: list[StepReport] = []
@@ -421,6 +426,8 @@ class JobActivation:
         return None
 
     async def _store_prepared(self, batch: list[JobStepState]) -> None:
+        self.counters.step_batches += 1
+        self.counters.step_rows += len(batch)
         try:
             await self.ctx.storage.steps.save_many(batch)
         except VersionConflictError as conflict:
@@ -822,6 +829,8 @@ class JobActivation:
         self._counted.add(report.step_id)
         counting.count(self.state.progress, report.stage, report.status)
         self.job.info.progress = self.state.progress
+        if not self._hears_outcomes:
+            return  # the job does not override the hook: no outcome to build per step
         try:
             await self._hook("on_step_completed_or_stopped", self._outcome(report))
         except Exception as error:

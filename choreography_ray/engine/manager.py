@@ -74,6 +74,8 @@ class JobsManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._recovering: set[str] = set()
+        self.writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
+        """Storage writes of the job activations this manager released (for benchmarks)."""
 
     # -- activations --------------------------------------------------------------------------
 
@@ -87,6 +89,8 @@ class JobsManager:
     def _released(self, activation: JobActivation) -> None:
         if self._activations.get(activation.id) is activation:
             del self._activations[activation.id]
+        for name in ("job_writes", "step_batches", "step_rows"):
+            self.writes[name] += getattr(activation.counters, name)
         if activation.release_reason and not self._closed and activation.id not in self._recovering:
             # It let go because storage failed it: bring it back from storage, with backoff.
             self._recovering.add(activation.id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from ..jobs.errors import StartJobStepError
 from ..jobs.registry import Payload
@@ -16,8 +17,9 @@ from ..jobs.state import JobKey, StepError
 from ..jobs.status import JobStepStatus
 
 
-@dataclass(frozen=True, slots=True)
-class StepStart:
+class StepStart(NamedTuple):
+    """Tuples, not dataclasses: thousands cross a process boundary per second."""
+
     step_id: str
     generation: int
     attempt: int = 1
@@ -30,8 +32,7 @@ class StartOutcome(IntEnum):
     FAILED = 3
 
 
-@dataclass(frozen=True, slots=True)
-class StartResult:
+class StartResult(NamedTuple):
     step_id: str
     outcome: StartOutcome
     error: StartJobStepError | None = None
@@ -40,8 +41,7 @@ class StartResult:
     """For a step found already finished: its stored outcome, so the job can count it."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepReport:
+class StepReport(NamedTuple):
     """A step's outcome, already persisted by the worker when it is sent."""
 
     step_id: str
@@ -55,8 +55,7 @@ class StepReport:
     non_retryable: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class StopRequest:
+class StopRequest(NamedTuple):
     job_key: JobKey
     job_id: str
     generation: int

@@ -16,9 +16,8 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -79,8 +78,7 @@ class SyncStepRunner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-@dataclass(frozen=True, slots=True)
-class RunKey:
+class RunKey(NamedTuple):
     job_key: JobKey
     job_id: str
     step_id: str
@@ -113,6 +111,7 @@ class StepRun(StepContext):
         self._checkpoints = 0
         self._unwritten = False
         self._started: float | None = None
+        self.holds_slot = False
         self.cancel_work: Callable[[], None] | None = None
         """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None
@@ -302,11 +301,19 @@ class StepRun(StepContext):
         status = JobStepStatus.REMOVING if self._removing else JobStepStatus.STOPPED
         await self._settle(status, error=error)
 
+    def release_slot(self) -> None:
+        """The work is over: its throttle slot goes to the next run at once, while this run's
+        outcome is still being written (the throttle bounds performing, not persisting)."""
+        if self.holds_slot:
+            self.holds_slot = False
+            self.worker._slot_done()
+
     async def _settle(
         self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None
     ) -> None:
         """Persist the outcome, then report it: storage first, so nothing is counted unsaved."""
         self.closed = True
+        self.release_slot()
         if self._user_state is not None:
             self._set(state=self.worker.registry.dump(self._user_state))
         self._set(result=result, error=error, lease=None)
@@ -403,6 +410,13 @@ class StepWorker:
         elif kind == "progress":
             run._progress(*value)
         return run.cancelled
+
+    def write_stats(self) -> dict[str, int]:
+        """Step records this worker wrote, and in how many batches."""
+        return {
+            "step_batches": sum(w.flushes for w in self._writers.values()),
+            "step_rows": sum(w.records_written for w in self._writers.values()),
+        }
 
     @property
     def active_runs(self) -> int:
@@ -501,6 +515,7 @@ class StepWorker:
         loop = asyncio.get_running_loop()
         while self._queue and self._performing < self.max_parallel_steps:
             run = self._queue.popleft()
+            run.holds_slot = True
             self._performing += 1
             self.peak_parallel = max(self.peak_parallel, self._performing)
             self._spawn(self._perform(run), loop)
@@ -509,7 +524,11 @@ class StepWorker:
         try:
             await run.execute()
         finally:
-            self._performing -= 1
+            run.release_slot()
+
+    def _slot_done(self) -> None:
+        self._performing -= 1
+        if self._queue and not self.closed:
             self._pump()
 
     def _spawn(self, coro: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:

@@ -49,6 +49,10 @@ class JobKey(_Model):
     def __str__(self) -> str:
         return f"{self.scope}/{self.namespace}"
 
+    def __hash__(self) -> int:
+        # Keys index every hot dictionary of a host; hash the two strings directly.
+        return hash((self.scope, self.namespace))
+
 
 class StatusChange(_Model):
     """One entry of a status history, with the error that caused it if any."""

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from ..engine.messages import StepReport
 from ..jobs.status import JobStatus, JobStepStatus
 
 log = logging.getLogger("choreography_ray.runtime")
+
+_EVENTS = {
+    JobStepStatus.COMPLETED_SUCCESSFULLY: "succeeded",
+    JobStepStatus.COMPLETED_WITH_FAILURE: "failed",
+    JobStepStatus.STOPPED: "stopped",
+    JobStepStatus.REMOVING: "stopped",
+}
 
 _DURATION_BOUNDARIES = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800]
 
@@ -42,6 +50,8 @@ class Metrics:
                 boundaries=_DURATION_BOUNDARIES,
             )
             self.enabled = True
+            self._pending: dict[str, int] = {}
+            self._flushed = time.monotonic()
         except Exception as error:  # outside a Ray worker, or metrics disabled
             log.debug("metrics disabled: %s", error)
             self.enabled = False
@@ -58,17 +68,26 @@ class Metrics:
         """Counted where outcomes arrive (the controller), once per report."""
 
     def step_started(self) -> None:
-        if self.enabled:
-            self._steps.inc(tags={"event": "started"})
+        self._count("started")
 
     def step_finished(self, status: JobStepStatus, seconds: float) -> None:
         if not self.enabled:
             return
-        event = {
-            JobStepStatus.COMPLETED_SUCCESSFULLY: "succeeded",
-            JobStepStatus.COMPLETED_WITH_FAILURE: "failed",
-            JobStepStatus.STOPPED: "stopped",
-            JobStepStatus.REMOVING: "stopped",
-        }.get(status, status.name.lower())
-        self._steps.inc(tags={"event": event})
+        self._count(_EVENTS.get(status, status.name.lower()))
         self._duration.observe(seconds)
+
+    def _count(self, event: str) -> None:
+        """Counted locally and handed to Ray at most once a second: a step must not pay for a
+        metrics call of its own."""
+        if not self.enabled:
+            return
+        self._pending[event] = self._pending.get(event, 0) + 1
+        now = time.monotonic()
+        if now - self._flushed >= 1.0:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        pending, self._pending = self._pending, {}
+        self._flushed = time.monotonic() if now is None else now
+        for event, count in pending.items():
+            self._steps.inc(count, tags={"event": event})

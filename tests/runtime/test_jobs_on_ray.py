@@ -13,6 +13,7 @@ import pytest
 
 from choreography_ray.jobs import (
     JobNotFoundError,
+    JobsOptions,
     JobStatus,
     JobStepStatus,
     StopJobError,
@@ -33,12 +34,14 @@ def _postgres_url() -> str | None:
     return f"{base}{separator}schema=ray_{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "memory"])
 def jobs(request, ray_instance, tmp_path_factory):
     import choreography_ray as cr
 
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('ray') / 'jobs.db'}"
+    elif request.param == "memory":
+        url = f"memory://ray-tests-{uuid.uuid4().hex[:8]}"  # served by one storage actor
     else:
         url = _postgres_url()
         if url is None:
@@ -139,10 +142,13 @@ def test_a_thousand_steps_are_counted_exactly(jobs):
 
 def _driver(namespace: str, code: str) -> str:
     """Run `code` in a second driver process on this Ray cluster; its printed output."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address  # this module's cluster, not any other
     script = textwrap.dedent(
         f"""
         import choreography_ray as cr
-        jobs = cr.connect(address="auto", namespace={namespace!r})
+        jobs = cr.connect(address={address!r}, namespace={namespace!r})
         """
     ) + textwrap.dedent(code)
     result = subprocess.run(
@@ -186,13 +192,15 @@ def test_a_driver_that_exits_leaves_its_job_for_the_next_one(jobs):
 def test_step_records_hold_every_outcome(jobs):
     import asyncio
 
-    from choreography_ray.storage import open_storage
+    from choreography_ray.runtime.remote_storage import open_cluster_storage
 
     job_id = jobs.start(FanOutJob, FanOut(steps=10, fail=[0]))
     jobs.wait(job_id, timeout=60)
 
     async def count():
-        provider = open_storage(jobs.storage_url)
+        provider = open_cluster_storage(
+            jobs.storage_url, namespace=jobs.namespace, modules=[], options=JobsOptions()
+        )
         await provider.initialize()
         try:
             return await provider.for_key().steps.count_by_status(job_id)
@@ -204,3 +212,17 @@ def test_step_records_hold_every_outcome(jobs):
         JobStepStatus.COMPLETED_SUCCESSFULLY: 9,
         JobStepStatus.COMPLETED_WITH_FAILURE: 1,
     }
+
+
+def test_progress_events_follow_a_job_and_the_async_client_works(jobs):
+    import asyncio
+
+    async def drive():
+        job_id = await jobs.aio.start(FanOutJob, FanOut(steps=40))
+        seen = [state async for state in jobs.aio.events(job_id, interval=0.05)]
+        return seen, await jobs.aio.get(job_id)
+
+    seen, final = asyncio.run(drive())
+    assert seen[-1].status == JobStatus.COMPLETED_SUCCESSFULLY == final.status
+    done = [s.progress.successful_steps for s in seen]
+    assert done == sorted(done) and done[-1] == 40

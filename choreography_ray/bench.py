@@ -1,0 +1,170 @@
+"""The fan-out benchmark: a job of N no-op steps, beside plain Ray measured in the same run.
+
+`choreography bench` runs it with a small N; `benchmarks/fanout.py` with N up to 100,000.
+Latency is per step, from the job's dispatch (its Running status) to the step's persisted
+outcome, read back from storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from .jobs.job import Job, StepDetails
+from .jobs.state import JobKey
+from .jobs.status import JobStatus
+from .jobs.step import JobStep, StepContext
+
+
+class BenchRequest(BaseModel):
+    steps: int
+
+
+class NoopItem(BaseModel):
+    n: int
+
+
+class NoopStep(JobStep[NoopItem, NoopItem, int], name="choreography.bench.noop"):
+    def initialize_state(self, request: NoopItem) -> NoopItem:
+        return request
+
+    async def perform(self, state: NoopItem, ctx: StepContext) -> int:
+        return state.n
+
+
+class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
+    keep_after_completed = True  # the benchmark reads the step outcomes back
+
+    def prepare_steps(self, request: BenchRequest) -> list[StepDetails]:
+        return [self.create_step(NoopStep, NoopItem(n=n)) for n in range(request.steps)]
+
+
+@dataclass
+class FanOutRun:
+    label: str
+    steps: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    writes: dict[str, int] = field(default_factory=dict)
+    rss_peak_mb: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
+    import ray
+
+    from .runtime.constants import controller_name, worker_name
+
+    node = ray.get_runtime_context().get_node_id()
+    stats = {}
+    for role, name in (("controller", controller_name(node)), ("worker", worker_name(node))):
+        handle = ray.get_actor(name, namespace=namespace)
+        stats[role] = ray.get(handle.stats.remote())
+    return stats
+
+
+def _writes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, int]:
+    def delta(role: str, name: str) -> int:
+        return int(after[role].get(name, 0)) - int(before[role].get(name, 0))
+
+    return {
+        "job_writes": delta("controller", "job_writes"),
+        "step_rows": delta("controller", "step_rows") + delta("worker", "step_rows"),
+        "step_batches": delta("controller", "step_batches") + delta("worker", "step_batches"),
+    }
+
+
+async def _latencies(storage_url: str, namespace: str, job_id: str) -> list[float]:
+    from .jobs.options import JobsOptions
+    from .runtime.remote_storage import open_cluster_storage
+
+    provider = open_cluster_storage(
+        storage_url, namespace=namespace, modules=[__name__], options=JobsOptions()
+    )
+    await provider.initialize()
+    try:
+        storage = provider.for_key(JobKey())
+        job = await storage.jobs.get(job_id)
+        dispatched = next(c.occurred for c in job.status_changes if c.status == JobStatus.RUNNING)
+        steps = await storage.steps.get_for_job(job_id)
+        return [
+            (step.status_changes[-1].occurred - dispatched).total_seconds()
+            for step in steps
+            if step.status_changes
+        ]
+    finally:
+        await provider.close()
+
+
+def run_fanout(jobs: Any, steps: int, storage_url: str, label: str) -> FanOutRun:
+    """One job of `steps` no-op steps, from `start()` to its completion."""
+    before = host_stats(jobs.namespace)
+    began = time.perf_counter()
+    job_id = jobs.start(NoopFanOut, BenchRequest(steps=steps))
+    state = jobs.wait(job_id, interval=0.005)
+    seconds = time.perf_counter() - began
+    if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
+        raise RuntimeError(f"the benchmark job ended {state.status if state else 'cleared'}")
+    after = host_stats(jobs.namespace)
+    latencies = asyncio.run(_latencies(storage_url, jobs.namespace, job_id))
+    return FanOutRun(
+        label=label,
+        steps=steps,
+        seconds=seconds,
+        latencies=latencies,
+        writes=_writes(before, after),
+        rss_peak_mb={role: after[role]["rss_peak_kb"] / 1024 for role in after},
+    )
+
+
+def plain_ray_tasks(steps: int) -> float:
+    """Seconds for `ray.get` over `steps` no-op remote calls."""
+    import ray
+
+    @ray.remote
+    def noop(n: int) -> int:
+        return n
+
+    ray.get(noop.remote(0))  # warm a worker
+    began = time.perf_counter()
+    ray.get([noop.remote(n) for n in range(steps)])
+    return time.perf_counter() - began
+
+
+def actor_per_step(steps: int) -> float:
+    """Seconds for the naive design: one detached actor per step, created, called, killed."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class StepActor:
+        def perform(self, n: int) -> int:
+            return n
+
+    began = time.perf_counter()
+    actors = [
+        StepActor.options(lifetime="detached", name=f"bench-step-{n}-{time.time_ns()}").remote()
+        for n in range(steps)
+    ]
+    ray.get([actor.perform.remote(n) for n, actor in enumerate(actors)])
+    seconds = time.perf_counter() - began
+    for actor in actors:
+        ray.kill(actor)
+    return seconds
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,68 @@
+"""At most one live activation per job: activating claims the job by compare-and-set."""
+
+from __future__ import annotations
+
+import pytest
+
+from choreography_ray.engine.context import EngineContext
+from choreography_ray.engine.manager import JobsManager
+from choreography_ray.jobs import JobOwner, JobStatus, OwnedElsewhereError, default_registry
+
+from .fixtures import ScenarioJob, request
+
+
+def _host(cluster, name: str, alive: set[str]) -> JobsManager:
+    async def owner_alive(owner: JobOwner) -> bool:
+        return owner.host in alive
+
+    base = cluster.manager().ctx
+    return JobsManager(
+        EngineContext(
+            key=base.key,
+            storage=base.storage,
+            registry=default_registry,
+            options=base.options,
+            clock=base.clock,
+            dispatcher=cluster,
+            owner=JobOwner(host=name, activation_epoch=1),
+            owner_alive=owner_alive,
+        )
+    )
+
+
+def test_a_job_started_on_a_host_is_owned_by_it_and_another_live_host_refuses_it(
+    run, cluster, script
+):
+    script.behaviour["a"].block = True
+    alive = {"host-a", "host-b"}
+    first, second = _host(cluster, "host-a", alive), _host(cluster, "host-b", alive)
+
+    async def scenario():
+        result = await first.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        stored = await cluster.storage().jobs.get(result.job_id)
+        with pytest.raises(OwnedElsewhereError) as raised:
+            await second.stop(result.job_id)
+        return stored, raised.value
+
+    stored, refused = run(scenario())
+    assert stored.owner.host == "host-a"
+    assert refused.host == "host-a"
+
+
+def test_a_job_whose_owner_is_gone_is_taken_over_by_compare_and_set(run, cluster, script):
+    script.behaviour["a"].block = True
+    alive = {"host-a", "host-b"}
+    first, second = _host(cluster, "host-a", alive), _host(cluster, "host-b", alive)
+
+    async def scenario():
+        result = await first.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        alive.discard("host-a")  # its node died
+        await second.stop(result.job_id)
+        await cluster.settle()
+        return await cluster.storage().jobs.get(result.job_id)
+
+    state = run(scenario())
+    assert state.owner.host == "host-b"
+    assert state.status == JobStatus.STOPPED
