@@ -140,8 +140,10 @@ def _connect(
 ) -> Any:
     from .runtime import connect
 
-    options = JobsOptions.load(config) if config else None
-    return connect(storage, address=address, options=options, **kwargs)
+    # Options come from the file and from CHOREOGRAPHY_* variables; none given, none sent.
+    options = JobsOptions.load(config)
+    given = options if options.model_fields_set else None
+    return connect(storage, address=address, options=given, **kwargs)
 
 
 @app.command()
@@ -210,28 +212,31 @@ def demo(
     began = time.monotonic()
     # The hosts must know the demo's job types before they list or recover its jobs.
     jobs = _guard(lambda: _connect(url, address, modules=[DemoJob.__module__]))
-    unfinished = _guard(
-        lambda: jobs.list(
-            JobQuery(
-                type=DemoJob.name,
-                statuses=frozenset({*RUNNING_JOB_STATUSES, JobStatus.STOPPED}),
-                take=1,
+    job_id = ""
+    try:
+        unfinished = _guard(
+            lambda: jobs.list(
+                JobQuery(
+                    type=DemoJob.name,
+                    statuses=frozenset({*RUNNING_JOB_STATUSES, JobStatus.STOPPED}),
+                    take=1,
+                )
             )
         )
-    )
-    if unfinished:
-        job_id = unfinished[0].id
-        console.print(f"resuming demo job {job_id}")
-        if unfinished[0].status == JobStatus.STOPPED:
-            _guard(lambda: jobs.resume(job_id))
-    else:
-        job_id = _guard(lambda: jobs.start(DemoJob, DemoRequest(steps=steps)))
-        console.print(f"started demo job {job_id}: {steps} steps in two stages")
-    try:
+        if unfinished:
+            job_id = unfinished[0].id
+            console.print(f"resuming demo job {job_id}")
+            if unfinished[0].status == JobStatus.STOPPED:
+                _guard(lambda: jobs.resume(job_id))
+        else:
+            console.print(f"starting a demo job of {steps} steps in two stages")
+            job_id = _guard(lambda: jobs.start(DemoJob, DemoRequest(steps=steps)))
+            console.print(f"started demo job {job_id}")
         state = _guard(lambda: jobs.wait(job_id, progress=console.is_terminal))
     except KeyboardInterrupt:
+        which = f"job {job_id}" if job_id else "the demo job"
         console.print(
-            f"\ninterrupted: job {job_id} is safe in {redact(url)}; run `choreography demo` "
+            f"\ninterrupted: {which} is safe in {redact(url)}; run `choreography demo` "
             "again to resume it"
         )
         raise typer.Exit(code=130) from None

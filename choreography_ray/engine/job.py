@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from ..jobs.errors import (
     CannotResumeJobError,
@@ -42,7 +42,7 @@ from ..jobs.errors import (
     VersionConflictError,
 )
 from ..jobs.job import Job, JobInfo, JobStageFailureBehavior, JobStepDispatchContext, StepOutcome
-from ..jobs.registry import TypeKind
+from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobState, JobStepState, PlannedStep, StatusChange
 from ..jobs.status import (
     FAILED_STEP_STATUSES,
@@ -128,6 +128,7 @@ class JobActivation:
         self._waiting: deque[tuple[str, int]] = deque()
         self._counted: set[str] = set()
         self._next_attempt: dict[str, int] = {}
+        self._originals: dict[str, BaseModel] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._current_stage: int | None = None
         self._loaded = False
@@ -261,6 +262,7 @@ class JobActivation:
             plan = build_plan(details, registry)
         except InvalidPlan as invalid:
             return await self._fail_start(invalid.reason, StartJobError.INVALID_STEP_PLAN)
+        self._originals = {detail.step_id: detail.request for detail in details}
 
         try:
             await self._save_plan(plan)
@@ -390,16 +392,28 @@ class JobActivation:
         )
 
     async def _prepare_steps(self, plan: list[PlannedStep], existing: set[str]) -> str | None:
-        """Prepare and store every planned step not stored yet. Returns a failure reason."""
+        """Prepare and store every planned step not stored yet. Returns a failure reason.
+
+        On a clean start the requests `prepare_steps` returned are used as they are (the plan
+        check proved they read back equal); recovery reads them from the saved plan.
+        """
         registry = self.ctx.registry
+        originals, self._originals = self._originals, {}
+        steps: dict[str, Any] = {}
         batch: list[JobStepState] = []
         for planned in plan:
             if planned.step_id in existing:
                 continue
             try:
-                step_class = registry.resolve(planned.step_type, TypeKind.STEP)
-                request = registry.load(planned.request, TypeKind.REQUEST)
-                user_state = step_class().initialize_state(request)
+                step = steps.get(planned.step_type)
+                if step is None:
+                    step = steps[planned.step_type] = registry.resolve(
+                        planned.step_type, TypeKind.STEP
+                    )()
+                request = originals.get(planned.step_id)
+                if request is None:
+                    request = registry.load(planned.request, TypeKind.REQUEST)
+                user_state = step.initialize_state(request)
                 state_payload = registry.dump(user_state)
             except Exception as error:
                 return (
@@ -819,10 +833,12 @@ class JobActivation:
         )
 
     def _typed_result(self, report: StepReport) -> Any:
+        """The result as the step declared it: a plain value for results wrapped in a
+        RootModel (an `int` result, say), the model itself otherwise."""
         assert report.result is not None
-        model = self.ctx.registry.load(report.result, TypeKind.RESULT)
-        root = getattr(model, "root", model) if type(model).__name__.endswith("Result") else model
-        return root if hasattr(model, "root") else model
+        type_name, data = report.result
+        model = self.ctx.registry.load(Payload(type=type_name, data=data), TypeKind.RESULT)
+        return model.root if isinstance(model, RootModel) else model
 
     async def _count(self, report: StepReport) -> None:
         self._tracked.pop(report.step_id, None)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..jobs.errors import StartJobStepError
-from ..jobs.registry import Payload
 from ..jobs.state import JobKey, StepError
 from ..jobs.status import JobStepStatus
 
@@ -50,7 +49,9 @@ class StepReport(NamedTuple):
     attempt: int
     stage: int = 0
     name: str = ""
-    result: Payload | None = None
+    result: tuple[str, Any] | None = None
+    """The result (or partial result) as (type name, JSON data): plain data crosses processes
+    far faster than a pydantic model."""
     error: StepError | None = None
     non_retryable: bool = False
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
-from ..jobs.registry import TypeKind, TypeRegistry
+from ..jobs.registry import Payload, TypeKind, TypeRegistry
 from ..jobs.state import JobKey, JobStepProgress, JobStepState, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
@@ -41,6 +41,9 @@ from .ports import JobReporter
 from .writer import StaleRecord, StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
+
+
+_DONE = JobStepProgress(percentage=100.0, message="")
 
 
 class StepMetrics:
@@ -104,7 +107,8 @@ class StepRun(StepContext):
         self.attempt = start.attempt
         self.generation = start.generation
         self.closed = False
-        self._cancel = asyncio.Event()
+        self._cancelled = False
+        self._cancel: asyncio.Event | None = None
         self._removing = False
         self._task: asyncio.Task[None] | None = None
         self._user_state: BaseModel | None = None
@@ -115,8 +119,22 @@ class StepRun(StepContext):
         self.cancel_work: Callable[[], None] | None = None
         """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.log = logging.LoggerAdapter(log, {"job_id": key.job_id, "step_id": key.step_id})
+        self._done: asyncio.Future[None] | None = None
+        self._ended = False
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that stamps the job and step ids (made when first needed)."""
+        return logging.LoggerAdapter(log, {"job_id": self.job_id, "step_id": self.step_id})
+
+    @property
+    def done(self) -> asyncio.Future[None]:
+        """Resolves when the run has ended (made when first needed)."""
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+            if self._ended:
+                self._done.set_result(None)
+        return self._done
 
     # -- the context the work sees --------------------------------------------------------
 
@@ -171,9 +189,13 @@ class StepRun(StepContext):
 
     @property
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancelled
 
     async def wait_cancelled(self) -> None:
+        if self._cancelled:
+            return
+        if self._cancel is None:
+            self._cancel = asyncio.Event()
         await self._cancel.wait()
 
     def now(self):  # type: ignore[no-untyped-def]
@@ -188,7 +210,7 @@ class StepRun(StepContext):
             setattr(state, name, value)
 
     def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
-        change = StatusChange(
+        change = StatusChange.model_construct(
             status=int(status),
             occurred=self.worker.clock.now(),
             exception_messages=list(error.messages) if error else [],
@@ -201,7 +223,9 @@ class StepRun(StepContext):
 
     def cancel(self, removing: bool) -> None:
         self._removing = self._removing or removing
-        self._cancel.set()
+        self._cancelled = True
+        if self._cancel is not None:
+            self._cancel.set()
         if self.closed:
             return  # settling: its outcome is being written and will be reported
         if self.cancel_work is not None:
@@ -223,8 +247,9 @@ class StepRun(StepContext):
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
             self.worker.release(self)
-            if not self.done.done():
-                self.done.set_result(None)
+            self._ended = True
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
 
     async def _execute(self) -> None:
         registry = self.worker.registry
@@ -318,7 +343,7 @@ class StepRun(StepContext):
             self._set(state=self.worker.registry.dump(self._user_state))
         self._set(result=result, error=error, lease=None)
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
-            self._set(progress=JobStepProgress(percentage=100.0, message=""))
+            self._set(progress=_DONE)
         self._status(status, error)
         await self._write()
         if self._started is not None:
@@ -333,7 +358,9 @@ class StepRun(StepContext):
                 attempt=self.attempt,
                 stage=stored.stage,
                 name=stored.name,
-                result=result if result is not None else (error.partial_result if error else None),
+                result=_plain(
+                    result if result is not None else (error.partial_result if error else None)
+                ),
                 error=error,
                 non_retryable=bool(error and error.non_retryable),
             ),
@@ -618,6 +645,10 @@ async def _call(fn: Callable[..., None], *args: Any) -> None:
     fn(*args)
 
 
+def _plain(payload: Payload | None) -> tuple[str, Any] | None:
+    return None if payload is None else (payload.type, payload.data)
+
+
 def _failed(step_id: str, reason: str) -> StartResult:
     return StartResult(step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, reason)
 
@@ -635,7 +666,7 @@ def _finished_report(state: JobStepState) -> StepReport | None:
             attempt=state.attempt,
             stage=state.stage,
             name=state.name,
-            result=state.result or (state.error.partial_result if state.error else None),
+            result=_plain(state.result or (state.error.partial_result if state.error else None)),
             error=state.error,
             non_retryable=bool(state.error and state.error.non_retryable),
         )

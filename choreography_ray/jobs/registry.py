@@ -139,8 +139,13 @@ class TypeRegistry:
         return sorted(n for n, (k, _) in self._by_name.items() if wanted is None or k == wanted)
 
     def dump(self, value: BaseModel) -> Payload:
-        """Wrap a registered model instance for storage."""
-        return Payload(type=self.name_of(type(value)), data=value.model_dump(mode="json"))
+        """Wrap a registered model instance for storage.
+
+        The data comes straight from pydantic's JSON mode, so it is not validated again.
+        """
+        return Payload.model_construct(
+            type=self.name_of(type(value)), data=value.model_dump(mode="json")
+        )
 
     def load(self, payload: Payload, kind: TypeKind | str | None = None) -> Any:
         """Rebuild the model instance a payload holds, through the registry only."""

@@ -169,7 +169,11 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
 
     @classmethod
     def is_async(cls) -> bool:
-        return inspect.iscoroutinefunction(cls.perform)
+        cached = cls.__dict__.get("_is_async")
+        if cached is None:
+            cached = inspect.iscoroutinefunction(cls.perform)
+            cls._is_async = cached  # type: ignore[attr-defined]
+        return bool(cached)
 
     @classmethod
     def wrap_result(cls, value: Any) -> BaseModel | None:

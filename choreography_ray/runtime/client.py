@@ -56,8 +56,9 @@ def connect(
 ) -> Jobs:
     """Connect to the job system of a Ray cluster, starting what is missing.
 
-    `address`: None starts a local Ray when this process has none; "auto" joins the cluster on
-    this machine; "ray://host:10001" joins a remote one. `storage` is needed the first time a
+    `address`: None lets Ray decide (RAY_ADDRESS, else a cluster started with `ray start` on
+    this machine, else a new local Ray); "auto" joins a running cluster on this machine;
+    "host:port" or "ray://host:10001" joins that one. `storage` is needed the first time a
     cluster is used (it defaults to SQLite under .choreography/ then); later connections may
     leave it out, and may not name another. `modules` are imported by every host, so the job
     types they define resolve; a job class's own module is added when it is started.
@@ -88,6 +89,14 @@ def connect(
         write_config(config, namespace)
     else:
         check_same_storage(config, storage)
+        if options is not None:
+            wanted = options.model_dump(mode="json", exclude_unset=True)
+            if wanted != config.options:
+                raise ConfigurationError(
+                    f"this Ray cluster's job system already runs with options {config.options}; "
+                    f"it cannot switch to {wanted} while its hosts run (use `choreography down` "
+                    "first, or another namespace)"
+                )
         updated = merge(config, modules=list(modules), keys=[])
         if updated is not config:
             write_config(updated, namespace)

@@ -178,8 +178,8 @@ class ControllerHost:
         self.epoch = time.time_ns()
         self.routes = _Routes(namespace)
         config = _config(namespace)
-        self.failed_imports = import_modules(config.modules)
-        self.modules = list(config.modules)
+        failed = import_modules(config.modules)
+        self.modules = [m for m in config.modules if not any(f.startswith(f"{m}:") for f in failed)]
         self.options = config.jobs_options()
         self.provider = open_cluster_storage(
             config.storage, namespace=namespace, modules=config.modules, options=self.options
@@ -204,16 +204,18 @@ class ControllerHost:
         return self.epoch
 
     async def refresh(self) -> list[str]:
-        """Read the configuration again: import new job modules, recover new partitions."""
+        """Read the configuration again: import new job modules, recover new partitions.
+
+        Returns the modules that failed to import, with the reasons."""
         config = _config(self.namespace)
         new_modules = [m for m in config.modules if m not in self.modules]
-        self.failed_imports += import_modules(new_modules)
-        self.modules += new_modules
+        failed = import_modules(new_modules)
+        self.modules += [m for m in new_modules if not any(f.startswith(f"{m}:") for f in failed)]
         for key in config.keys:
             if key not in self._keys:
                 self._keys.add(key)
                 await self.manager(key).rehydrate()
-        return self.failed_imports
+        return failed
 
     async def _alive(self, owner: JobOwner) -> bool:
         if owner.host == self.name:
@@ -361,8 +363,8 @@ class WorkerHost:
         self.epoch = time.time_ns()
         self.routes = _Routes(namespace)
         config = _config(namespace)
-        self.modules = list(config.modules)
-        import_modules(config.modules)
+        failed = import_modules(config.modules)
+        self.modules = [m for m in config.modules if not any(f.startswith(f"{m}:") for f in failed)]
         self.options = config.jobs_options()
         self.provider = open_cluster_storage(
             config.storage, namespace=namespace, modules=config.modules, options=self.options
@@ -382,6 +384,7 @@ class WorkerHost:
         )
         self.worker.metrics = self.metrics
         self._ready: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     async def ready(self) -> int:
         if self._ready is None:
@@ -392,11 +395,21 @@ class WorkerHost:
     async def ping(self) -> int:
         return self.epoch
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> list[str]:
+        """Import job modules added to the configuration; the ones that failed, with reasons."""
         config = _config(self.namespace)
         new = [m for m in config.modules if m not in self.modules]
-        import_modules(new)
-        self.modules += new
+        failed = import_modules(new)
+        self.modules += [m for m in new if not any(f.startswith(f"{m}:") for f in failed)]
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+        return failed
+
+    async def _flush_metrics(self) -> None:
+        """Hand counted step events to Ray every second, so the last ones are never held."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.flush()
 
     async def start_steps(
         self,

@@ -87,6 +87,8 @@ class Metrics:
             self.flush(now)
 
     def flush(self, now: float | None = None) -> None:
+        if not self.enabled or not self._pending:
+            return
         pending, self._pending = self._pending, {}
         self._flushed = time.monotonic() if now is None else now
         for event, count in pending.items():

@@ -15,6 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..jobs.errors import ConfigurationError
 from .constants import CONTROLLER_RESOURCE, WORKER_RESOURCE, controller_name, worker_name
 from .hosts import ControllerHost, WorkerHost
 
@@ -80,8 +81,35 @@ def start_hosts(namespace: str, max_parallel_steps: int | None = None) -> dict[s
             )
     # Hosts that already ran keep their state; refresh makes them read new modules and keys.
     ray.get([handle.ready.remote() for handle in hosts.values()])
-    ray.get([handle.refresh.remote() for handle in hosts.values()])
+    failures = sorted(
+        {
+            f
+            for answer in ray.get([h.refresh.remote() for h in hosts.values()])
+            for f in answer or []
+        }
+    )
+    if failures:
+        _forget_modules(namespace, failures)
+        raise ConfigurationError(
+            "the hosts could not import job module(s): "
+            + "; ".join(failures)
+            + " (install them on every node, or put them on the workers' PYTHONPATH)"
+        )
     return hosts
+
+
+def _forget_modules(namespace: str, failures: list[str]) -> None:
+    """A module no host can import is taken out of the configuration again."""
+    from .config import read_config, write_config
+
+    config = read_config(namespace)
+    if config is None:
+        return
+    bad = {failure.split(":", 1)[0] for failure in failures}
+    write_config(
+        config.model_copy(update={"modules": [m for m in config.modules if m not in bad]}),
+        namespace,
+    )
 
 
 def stop_hosts(namespace: str) -> list[str]:

@@ -97,3 +97,20 @@ def test_an_unreachable_storage_is_a_one_line_error(tmp_path):
     result = runner.invoke(app, ["storage", "check", "--storage", url])
     assert result.exit_code == 1
     assert "storage" in result.output and "Traceback" not in result.output
+
+
+def test_a_job_module_no_host_can_import_is_refused_and_forgotten(jobs):
+    import choreography_ray as cr
+    from choreography_ray.jobs import ConfigurationError
+    from choreography_ray.runtime.config import read_config
+
+    with pytest.raises(ConfigurationError, match="no_such_module_for_tests"):
+        cr.connect(modules=["no_such_module_for_tests"])
+    assert "no_such_module_for_tests" not in read_config("choreography").modules
+    cr.connect()  # the cluster goes on as it was
+
+
+def test_up_reports_a_module_that_cannot_be_imported(jobs):
+    result = runner.invoke(app, ["up", "--module", "no_such_module_either"])
+    assert result.exit_code == 1
+    assert "could not import job module(s): no_such_module_either" in result.output

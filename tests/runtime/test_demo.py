@@ -43,9 +43,12 @@ def test_the_demo_runs_a_small_job_to_completion(tmp_path):
     assert (status, count) == (3, 40)
 
 
+STEPS = 20_000  # large enough that the interrupt lands mid-way
+
+
 def test_an_interrupted_demo_resumes_the_same_job_when_run_again(tmp_path):
     db = tmp_path / ".choreography" / "jobs.db"
-    demo = _demo(tmp_path, 4000)
+    demo = _demo(tmp_path, STEPS)
     deadline = time.monotonic() + 120
     # Interrupt it once some steps are done (bounded wait on a real event, not a timeout).
     while time.monotonic() < deadline:
@@ -56,16 +59,16 @@ def test_an_interrupted_demo_resumes_the_same_job_when_run_again(tmp_path):
                 done = 0
             if done >= 50:
                 break
-        time.sleep(0.2)
+        time.sleep(0.05)
     demo.send_signal(signal.SIGINT)
     first, _ = demo.communicate(timeout=60)
     assert "interrupted" in first, first
     before = _counts(db)
     [job_id] = {job for job, _, _ in before}
-    assert sum(n for _, status, n in before if status == 3) < 4000
+    assert sum(n for _, status, n in before if status == 3) < STEPS
 
-    again = _demo(tmp_path, 4000)
+    again = _demo(tmp_path, STEPS)
     second, _ = again.communicate(timeout=180)
     assert again.returncode == 0, second
     assert f"resuming demo job {job_id}" in second
-    assert _counts(db) == [(job_id, 3, 4000)]  # one job, every step once
+    assert _counts(db) == [(job_id, 3, STEPS)]  # one job, every step once
