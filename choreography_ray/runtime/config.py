@@ -53,16 +53,18 @@ def write_config(config: ClusterConfig, namespace: str) -> None:
     put(CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace)
 
 
-def import_modules(modules: list[str]) -> list[str]:
-    """Import the modules that define job types; returns the ones that failed, with reasons."""
-    failed = []
+def import_modules(modules: list[str]) -> tuple[list[str], list[str]]:
+    """Import the modules that define job types: the ones imported, and the failures (each
+    "module: reason")."""
+    imported, failed = [], []
     for name in modules:
         try:
             importlib.import_module(name)
+            imported.append(name)
         except Exception as error:
             log.error("could not import job module %r: %s", name, error)
             failed.append(f"{name}: {type(error).__name__}: {error}")
-    return failed
+    return imported, failed
 
 
 def merge(config: ClusterConfig, *, modules: list[str], keys: list[JobKey]) -> ClusterConfig:

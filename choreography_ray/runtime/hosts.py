@@ -30,7 +30,7 @@ from ..storage.protocols import JobQuery
 from .config import import_modules, read_config
 from .constants import controller_name, worker_name
 from .metrics import Metrics
-from .remote_storage import open_cluster_storage
+from .remote_storage import RemoteMemoryStorage, open_cluster_storage
 from .sync_steps import RaySyncStepRunner
 
 log = logging.getLogger("choreography_ray.runtime")
@@ -167,23 +167,43 @@ class RayDispatcher:
         return merged
 
 
-class ControllerHost:
-    """Jobs managers and job activations of one node."""
+class _Host:
+    """What both roles share: identity, configuration, job modules and storage."""
 
-    def __init__(self, namespace: str, node_id: str) -> None:
+    def __init__(self, namespace: str, node_id: str, name: str) -> None:
         _configure_logging()
         self.namespace = namespace
         self.node_id = node_id
-        self.name = controller_name(node_id)
+        self.name = name
         self.epoch = time.time_ns()
+        """Tells this host apart from an earlier one of the same name (job ownership)."""
         self.routes = _Routes(namespace)
         config = _config(namespace)
-        failed = import_modules(config.modules)
-        self.modules = [m for m in config.modules if not any(f.startswith(f"{m}:") for f in failed)]
+        self.modules, _ = import_modules(config.modules)
         self.options = config.jobs_options()
         self.provider = open_cluster_storage(
             config.storage, namespace=namespace, modules=config.modules, options=self.options
         )
+
+    async def ping(self) -> int:
+        return self.epoch
+
+    async def _import_new_modules(self) -> tuple[Any, list[str]]:
+        """Import the job modules added to the configuration; the configuration and failures."""
+        config = _config(self.namespace)
+        new = [m for m in config.modules if m not in self.modules]
+        imported, failed = import_modules(new)
+        self.modules += imported
+        if imported and isinstance(self.provider, RemoteMemoryStorage):
+            await self.provider.import_modules(imported)
+        return config, failed
+
+
+class ControllerHost(_Host):
+    """Jobs managers and job activations of one node."""
+
+    def __init__(self, namespace: str, node_id: str) -> None:
+        super().__init__(namespace, node_id, controller_name(node_id))
         self.clock = SystemClock()
         self.dispatcher = RayDispatcher(self.routes, self.name)
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
@@ -207,10 +227,7 @@ class ControllerHost:
         """Read the configuration again: import new job modules, recover new partitions.
 
         Returns the modules that failed to import, with the reasons."""
-        config = _config(self.namespace)
-        new_modules = [m for m in config.modules if m not in self.modules]
-        failed = import_modules(new_modules)
-        self.modules += [m for m in new_modules if not any(f.startswith(f"{m}:") for f in failed)]
+        config, failed = await self._import_new_modules()
         for key in config.keys:
             if key not in self._keys:
                 self._keys.add(key)
@@ -245,9 +262,6 @@ class ControllerHost:
             )
             self._keys.add(key)
         return manager
-
-    async def ping(self) -> int:
-        return self.epoch
 
     # -- what clients ask -----------------------------------------------------------------------
 
@@ -352,23 +366,11 @@ class RayReporter:
         raise ConnectionError(f"no controller host took the outcomes of job {job_id}: {last}")
 
 
-class WorkerHost:
+class WorkerHost(_Host):
     """Step activations of one node, and its throttle."""
 
     def __init__(self, namespace: str, node_id: str, max_parallel_steps: int | None) -> None:
-        _configure_logging()
-        self.namespace = namespace
-        self.node_id = node_id
-        self.name = worker_name(node_id)
-        self.epoch = time.time_ns()
-        self.routes = _Routes(namespace)
-        config = _config(namespace)
-        failed = import_modules(config.modules)
-        self.modules = [m for m in config.modules if not any(f.startswith(f"{m}:") for f in failed)]
-        self.options = config.jobs_options()
-        self.provider = open_cluster_storage(
-            config.storage, namespace=namespace, modules=config.modules, options=self.options
-        )
+        super().__init__(namespace, node_id, worker_name(node_id))
         self.reporter = RayReporter(self.routes)
         self.metrics = Metrics("worker")
         self.worker = StepWorker(
@@ -392,15 +394,9 @@ class WorkerHost:
         await asyncio.shield(self._ready)
         return self.epoch
 
-    async def ping(self) -> int:
-        return self.epoch
-
     async def refresh(self) -> list[str]:
         """Import job modules added to the configuration; the ones that failed, with reasons."""
-        config = _config(self.namespace)
-        new = [m for m in config.modules if m not in self.modules]
-        failed = import_modules(new)
-        self.modules += [m for m in new if not any(f.startswith(f"{m}:") for f in failed)]
+        _, failed = await self._import_new_modules()
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
         return failed

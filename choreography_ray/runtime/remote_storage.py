@@ -34,6 +34,7 @@ class StorageActor:
         return await getattr(getattr(storage, part), method)(*args)
 
     async def import_modules(self, modules: list[str]) -> None:
+        """Job modules added later: the store must resolve their type names too."""
         from .config import import_modules
 
         import_modules(modules)
@@ -79,6 +80,9 @@ class RemoteMemoryStorage(StorageProvider):
             )
             .remote(url.raw, modules)
         )
+
+    async def import_modules(self, modules: list[str]) -> None:
+        await self.actor.import_modules.remote(modules)
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         return JobsStorage(

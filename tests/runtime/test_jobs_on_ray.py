@@ -226,3 +226,15 @@ def test_progress_events_follow_a_job_and_the_async_client_works(jobs):
     assert seen[-1].status == JobStatus.COMPLETED_SUCCESSFULLY == final.status
     done = [s.progress.successful_steps for s in seen]
     assert done == sorted(done) and done[-1] == 40
+
+
+def test_a_job_module_learned_after_connect_reaches_every_host_and_the_storage_actor(
+    ray_instance,
+):
+    import choreography_ray as cr
+
+    namespace = f"late-modules-{uuid.uuid4().hex[:6]}"
+    client = cr.connect(f"memory://{namespace}", namespace=namespace)  # no modules yet
+    job_id = client.start(FanOutJob, FanOut(steps=3))  # its module is added on start
+    state = client.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
