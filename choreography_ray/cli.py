@@ -21,7 +21,7 @@ from rich.table import Table
 
 from .jobs.errors import ChoreographyError
 from .jobs.options import JobsOptions
-from .jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
+from .jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState
 from .jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from .storage import JobQuery, open_storage
 from .storage.url import redact
@@ -458,7 +458,7 @@ def main() -> None:
     app()
 
 
-__all__ = ["JobKey", "app", "main"]
+__all__ = ["app", "main"]
 
 
 if __name__ == "__main__":

@@ -22,15 +22,12 @@ import traceback
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, RootModel
 
 from ..jobs.errors import (
     CannotResumeJobError,
-    ChoreographyError,
-    JobOperationError,
     NoEligibleJobWorker,
     RemoveJobError,
     RemoveJobFailed,
@@ -1286,6 +1283,5 @@ def _stage_sizes(plan: Iterable[PlannedStep]) -> dict[int, int]:
     return sizes
 
 
-__all__ = ["JobActivation", "JobOperationError", "JobStartResult", "Released"]
+__all__ = ["JobActivation", "JobStartResult", "Released"]
 
-_unused = (ChoreographyError, timedelta)

@@ -12,7 +12,6 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -458,4 +457,4 @@ class JobsManager:
         return bool(self._activating) or any(a.busy for a in self._activations.values())
 
 
-__all__ = ["CleanupReport", "JobsManager", "RehydrationReport", "timedelta"]
+__all__ = ["CleanupReport", "JobsManager", "RehydrationReport"]
