@@ -1284,4 +1284,3 @@ def _stage_sizes(plan: Iterable[PlannedStep]) -> dict[int, int]:
 
 
 __all__ = ["JobActivation", "JobStartResult", "Released"]
-
