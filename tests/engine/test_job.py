@@ -417,7 +417,7 @@ def test_when_resuming_and_the_job_has_more_steps_than_the_start_limit(run, scri
         cluster = InProcessCluster(options=JobsOptions(max_concurrent_step_starts=1))
         await cluster.provider.initialize()
         try:
-            import choreography_ray.engine.job as job_module
+            import choreography_ray.engine.stages as job_module
 
             saved = job_module.DISPATCH_BATCH
             job_module.DISPATCH_BATCH = 4
