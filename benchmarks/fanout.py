@@ -33,13 +33,14 @@ from choreography_ray.bench import (
 from choreography_ray.runtime import stop_hosts
 
 
-def _connect(workdir: Path, name: str, max_parallel_steps: int | None):
+def _connect(workdir: Path, name: str, max_parallel_steps: int | None, workers: int = 1):
     url = f"sqlite:///{workdir / name}.db"
     jobs = cr.connect(
         url,
         namespace=f"bench-{name}",
         modules=["choreography_ray.bench"],
         max_parallel_steps=max_parallel_steps,
+        workers_per_node=workers,
     )
     return jobs, url
 
@@ -48,18 +49,22 @@ def fanout(args: argparse.Namespace, workdir: Path) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     default, default_url = _connect(workdir, "default", None)
     tuned, tuned_url = _connect(workdir, "tuned", args.tuned)
+    wide, wide_url = _connect(workdir, "wide", args.tuned, args.workers)
     rows = []
     for n in sizes:
         runs = args.runs if n <= 10_000 else 1
-        ray_seconds, default_runs, tuned_runs = [], [], []
+        ray_seconds, default_runs, tuned_runs, wide_runs = [], [], [], []
         for _ in range(runs):
             ray_seconds.append(plain_ray_tasks(n))
             default_runs.append(run_fanout(default, n, default_url, "default"))
             tuned_runs.append(run_fanout(tuned, n, tuned_url, f"max_parallel_steps={args.tuned}"))
+            wide_runs.append(
+                run_fanout(wide, n, wide_url, f"+ {args.workers} worker hosts per node")
+            )
         actor_rate = None
         if n <= 200:  # about 3 actors/s: one run is minutes already
             actor_rate = n / actor_per_step(n)
-        rows.append((n, ray_seconds, default_runs, tuned_runs, actor_rate))
+        rows.append((n, ray_seconds, default_runs, tuned_runs, actor_rate, wide_runs))
         _print_row(rows[-1], args.tuned)
     _print_tables(rows, args.tuned)
     if args.plot:
@@ -70,11 +75,12 @@ def fanout(args: argparse.Namespace, workdir: Path) -> None:
 
 
 def _print_row(row, tuned: int) -> None:
-    n, ray_seconds, default_runs, tuned_runs, _ = row
+    n, ray_seconds, default_runs, tuned_runs, _, wide_runs = row
     print(
         f"N={n}: plain Ray {n / median(ray_seconds):,.0f}/s, "
         f"default {median([r.rate for r in default_runs]):,.0f}/s, "
-        f"tuned {median([r.rate for r in tuned_runs]):,.0f}/s",
+        f"tuned {median([r.rate for r in tuned_runs]):,.0f}/s, "
+        f"tuned + worker hosts {median([r.rate for r in wide_runs]):,.0f}/s",
         flush=True,
     )
 
@@ -82,36 +88,38 @@ def _print_row(row, tuned: int) -> None:
 def _print_tables(rows, tuned: int) -> None:
     print(
         "\n| N | plain Ray tasks | actor per step | choreography default | "
-        f"choreography max_parallel_steps={tuned} | default / Ray | tuned / Ray |"
+        f"choreography max_parallel_steps={tuned} | same, 2 worker hosts per node | "
+        "default / Ray | tuned / Ray | 2 workers / Ray |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n, ray_seconds, default_runs, tuned_runs, actor_rate in rows:
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, ray_seconds, default_runs, tuned_runs, actor_rate, wide_runs in rows:
         ray_rate = n / median(ray_seconds)
         d = median([r.rate for r in default_runs])
         t = median([r.rate for r in tuned_runs])
+        w = median([r.rate for r in wide_runs])
         actor = f"{actor_rate:,.1f}" if actor_rate else "—"
         print(
-            f"| {n:,} | {ray_rate:,.0f} | {actor} | {d:,.0f} | {t:,.0f} | "
-            f"{d / ray_rate:.1f}x | {t / ray_rate:.1f}x |"
+            f"| {n:,} | {ray_rate:,.0f} | {actor} | {d:,.0f} | {t:,.0f} | {w:,.0f} | "
+            f"{d / ray_rate:.1f}x | {t / ray_rate:.1f}x | {w / ray_rate:.1f}x |"
         )
     print("\nstep latency, dispatch to persisted outcome (median run), seconds")
-    print("| N | default p50 | default p99 | tuned p50 | tuned p99 |")
-    print("|---:|---:|---:|---:|---:|")
-    for n, _, default_runs, tuned_runs, _ in rows:
-        d = _median_run(default_runs)
-        t = _median_run(tuned_runs)
-        print(
-            f"| {n:,} | {d.percentile(0.5):.3f} | {d.percentile(0.99):.3f} | "
-            f"{t.percentile(0.5):.3f} | {t.percentile(0.99):.3f} |"
-        )
+    print(
+        "| N | default p50 | default p99 | tuned p50 | tuned p99 | 2 workers p50 | 2 workers p99 |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n, _, default_runs, tuned_runs, _, wide_runs in rows:
+        cells = []
+        for run in (_median_run(default_runs), _median_run(tuned_runs), _median_run(wide_runs)):
+            cells += [f"{run.percentile(0.5):.3f}", f"{run.percentile(0.99):.3f}"]
+        print(f"| {n:,} | " + " | ".join(cells) + " |")
     print("\nstorage writes per step (median run) and peak host memory (MB)")
     print(
         "| N | config | record writes / step | round trips / step | "
         "controller peak RSS | worker peak RSS |"
     )
     print("|---:|---|---:|---:|---:|---:|")
-    for n, _, default_runs, tuned_runs, _ in rows:
-        for run in (_median_run(default_runs), _median_run(tuned_runs)):
+    for n, _, default_runs, tuned_runs, _, wide_runs in rows:
+        for run in (_median_run(default_runs), _median_run(tuned_runs), _median_run(wide_runs)):
             rows_written = run.writes["job_writes"] + run.writes["step_rows"]
             trips = run.writes["job_writes"] + run.writes["step_batches"]
             print(
@@ -145,6 +153,12 @@ def _plot(rows, tuned: int, path: Path) -> None:
         [median([r.rate for r in row[3]]) for row in rows],
         "^-",
         label=f"choreography_ray, max_parallel_steps={tuned}",
+    )
+    axes.plot(
+        sizes,
+        [median([r.rate for r in row[5]]) for row in rows],
+        "D-",
+        label=f"choreography_ray, max_parallel_steps={tuned}, 2 worker hosts per node",
     )
     axes.set_xscale("log")
     axes.set_xlabel("steps in the job (N)")
@@ -186,6 +200,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tuned", type=int, default=256)
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker hosts per node, third config"
+    )
     parser.add_argument("--plot", default="")
     parser.add_argument("--soak", type=int, default=0, help="jobs to run for the memory soak")
     parser.add_argument("--soak-steps", type=int, default=1000)
@@ -205,7 +222,7 @@ def main() -> None:
             else:
                 fanout(args, Path(tmp))
     finally:
-        for namespace in ("bench-default", "bench-tuned", "bench-soak"):
+        for namespace in ("bench-default", "bench-tuned", "bench-wide", "bench-soak"):
             stop_hosts(namespace)
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")

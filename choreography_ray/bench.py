@@ -70,10 +70,25 @@ def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
     from .runtime.constants import controller_name, worker_name
 
     node = ray.get_runtime_context().get_node_id()
-    stats = {}
-    for role, name in (("controller", controller_name(node)), ("worker", worker_name(node))):
-        handle = ray.get_actor(name, namespace=namespace)
-        stats[role] = ray.get(handle.stats.remote())
+    controller = ray.get_actor(controller_name(node), namespace=namespace)
+    stats = {"controller": ray.get(controller.stats.remote())}
+    workers = []
+    index = 0
+    while True:  # every worker host of this node, summed; peak memory is the largest
+        try:
+            handle = ray.get_actor(worker_name(node, index), namespace=namespace)
+        except ValueError:
+            break
+        workers.append(ray.get(handle.stats.remote()))
+        index += 1
+    summed: dict[str, Any] = {}
+    for entry in workers:
+        for name, value in entry.items():
+            if name.startswith("rss"):
+                summed[name] = max(summed.get(name, 0), value)
+            else:
+                summed[name] = summed.get(name, 0) + value
+    stats["worker"] = summed
     return stats
 
 

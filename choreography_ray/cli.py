@@ -155,6 +155,9 @@ def up(
         list[str] | None,
         typer.Option("--module", "-m", help="A module that defines job types (repeatable)."),
     ] = None,
+    workers_per_node: Annotated[
+        int, typer.Option(min=1, help="Worker host processes per worker node (cores to use).")
+    ] = 1,
 ) -> None:
     """Start the host actors on a running Ray cluster, with its storage and options."""
 
@@ -163,7 +166,7 @@ def up(
 
         from .runtime.constants import NAMESPACE
 
-        _connect(storage, address, config, modules=module or [])
+        _connect(storage, address, config, modules=module or [], workers_per_node=workers_per_node)
         names = [
             e["name"]
             for e in ray.util.list_named_actors(all_namespaces=True)

@@ -52,6 +52,7 @@ def connect(
     options: JobsOptions | None = None,
     modules: list[str] | tuple[str, ...] = (),
     max_parallel_steps: int | None = None,
+    workers_per_node: int = 1,
     runtime_env: dict[str, Any] | None = None,
 ) -> Jobs:
     """Connect to the job system of a Ray cluster, starting what is missing.
@@ -100,7 +101,7 @@ def connect(
         updated = merge(config, modules=list(modules), keys=[])
         if updated is not config:
             write_config(updated, namespace)
-    start_hosts(namespace, max_parallel_steps)
+    start_hosts(namespace, max_parallel_steps, workers_per_node)
     return Jobs(namespace)
 
 

@@ -18,5 +18,6 @@ def controller_name(node_id: str) -> str:
     return f"choreography:controller:{node_id}"
 
 
-def worker_name(node_id: str) -> str:
-    return f"choreography:worker:{node_id}"
+def worker_name(node_id: str, index: int = 0) -> str:
+    """The first worker host of a node keeps the plain name; more get a number."""
+    return f"choreography:worker:{node_id}" + (f":{index}" if index else "")

@@ -369,8 +369,10 @@ class RayReporter:
 class WorkerHost(_Host):
     """Step activations of one node, and its throttle."""
 
-    def __init__(self, namespace: str, node_id: str, max_parallel_steps: int | None) -> None:
-        super().__init__(namespace, node_id, worker_name(node_id))
+    def __init__(
+        self, namespace: str, node_id: str, max_parallel_steps: int | None, index: int = 0
+    ) -> None:
+        super().__init__(namespace, node_id, worker_name(node_id, index))
         self.reporter = RayReporter(self.routes)
         self.metrics = Metrics("worker")
         self.worker = StepWorker(

@@ -61,8 +61,17 @@ def _pinned(node_id: str) -> dict[str, Any]:
     }
 
 
-def start_hosts(namespace: str, max_parallel_steps: int | None = None) -> dict[str, Any]:
-    """Create the host actors that are missing (idempotent); returns every host by name."""
+def start_hosts(
+    namespace: str, max_parallel_steps: int | None = None, workers_per_node: int = 1
+) -> dict[str, Any]:
+    """Create the host actors that are missing (idempotent); returns every host by name.
+
+    `workers_per_node` > 1 runs several worker host processes per worker node, so that step
+    bookkeeping can use more than one core (each is bound to one by the GIL); the node's
+    `max_parallel_steps` is shared among them.
+    """
+    if workers_per_node < 1:
+        raise ConfigurationError(f"workers_per_node must be at least 1, got {workers_per_node}")
     hosts: dict[str, Any] = {}
     for roles in node_roles():
         if roles.controller:
@@ -73,12 +82,16 @@ def start_hosts(namespace: str, max_parallel_steps: int | None = None) -> dict[s
                 .remote(namespace, roles.node_id)
             )
         if roles.worker:
-            name = worker_name(roles.node_id)
-            hosts[name] = (
-                ray.remote(WorkerHost)
-                .options(name=name, namespace=namespace, **_pinned(roles.node_id))
-                .remote(namespace, roles.node_id, max_parallel_steps)
-            )
+            share = None
+            if max_parallel_steps is not None:
+                share = max(1, -(-max_parallel_steps // workers_per_node))
+            for index in range(workers_per_node):
+                name = worker_name(roles.node_id, index)
+                hosts[name] = (
+                    ray.remote(WorkerHost)
+                    .options(name=name, namespace=namespace, **_pinned(roles.node_id))
+                    .remote(namespace, roles.node_id, share, index)
+                )
     # Hosts that already ran keep their state; refresh makes them read new modules and keys.
     ray.get([handle.ready.remote() for handle in hosts.values()])
     failures = sorted(

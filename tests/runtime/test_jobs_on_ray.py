@@ -238,3 +238,30 @@ def test_a_job_module_learned_after_connect_reaches_every_host_and_the_storage_a
     job_id = client.start(FanOutJob, FanOut(steps=3))  # its module is added on start
     state = client.wait(job_id, timeout=60)
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_several_worker_hosts_per_node_share_a_jobs_steps(ray_instance, tmp_path):
+    import ray
+
+    import choreography_ray as cr
+    from choreography_ray.runtime.constants import worker_name
+
+    namespace = f"wide-{uuid.uuid4().hex[:6]}"
+    client = cr.connect(
+        f"sqlite:///{tmp_path / 'wide.db'}",
+        namespace=namespace,
+        modules=["tests.runtime.ray_jobs"],
+        max_parallel_steps=4,
+        workers_per_node=2,
+    )
+    job_id = client.start(FanOutJob, FanOut(steps=200))
+    state = client.wait(job_id, timeout=60)
+    assert state.progress.successful_steps == 200
+    node = ray.get_runtime_context().get_node_id()
+    stats = [
+        ray.get(ray.get_actor(worker_name(node, i), namespace=namespace).stats.remote())
+        for i in range(2)
+    ]
+    assert [s["max_parallel_steps"] for s in stats] == [2, 2]  # the node's cap, shared
+    assert all(s["step_rows"] > 0 for s in stats)  # both ran steps
+    assert sum(s["step_rows"] for s in stats) >= 200  # an outcome each, at least
