@@ -23,8 +23,15 @@ from pydantic import BaseModel
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
-from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.state import JobKey, JobStepProgress, JobStepState, StatusChange, StepError, StepLease
+from ..jobs.registry import Payload, TypeKind, TypeRegistry, trusted
+from ..jobs.state import (
+    JobKey,
+    JobStepProgress,
+    JobStepState,
+    StatusChange,
+    StepError,
+    StepLease,
+)
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
 from ..storage.protocols import JobsStorage
@@ -210,7 +217,8 @@ class StepRun(StepContext):
             setattr(state, name, value)
 
     def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
-        change = StatusChange.model_construct(
+        change = trusted(
+            StatusChange,
             status=int(status),
             occurred=self.worker.clock.now(),
             exception_messages=list(error.messages) if error else [],
