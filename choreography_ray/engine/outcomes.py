@@ -101,16 +101,22 @@ class Outcomes:
             self.state.stopped_steps_counted = [*self.state.stopped_steps_counted, key]
         await self._count(report)
 
+    def _allows_retry(self, outcome: StepOutcome, non_retryable: bool) -> bool:
+        """The one rule for another attempt: attempts left, the step did not rule it out, and
+        the job's `should_retry_step` agrees (a hook that raises says no)."""
+        if non_retryable or outcome.attempt >= self._max_attempts:
+            return False
+        try:
+            return bool(self.job.should_retry_step(outcome, outcome.error))  # type: ignore[arg-type]
+        except Exception:
+            self.log.exception("job %s: should_retry_step failed; not retrying", self.id)
+            return False
+
     def _retry(self, report: StepReport) -> bool:
         """Schedule another attempt if one is allowed; True when the failure is not final."""
         if report.non_retryable or report.attempt >= self._max_attempts:
-            return False
-        outcome = self._outcome(report)
-        try:
-            if not self.job.should_retry_step(outcome, report.error or outcome.error):  # type: ignore[arg-type]
-                return False
-        except Exception:
-            self.log.exception("job %s: should_retry_step failed; not retrying", self.id)
+            return False  # decided before building the outcome, which costs a result load
+        if not self._allows_retry(self._outcome(report), report.non_retryable):
             return False
         self._tracked.pop(report.step_id, None)
         delay = self._backoff(report.attempt)

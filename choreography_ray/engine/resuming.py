@@ -199,10 +199,7 @@ class Resuming:
         return pending
 
     def _would_retry(self, step: JobStepState) -> bool:
-        if step.attempt >= self._max_attempts:
-            return False
-        if step.error is not None and step.error.non_retryable:
-            return False
+        """Whether a stored failed attempt is tried again on resume, by the same rule."""
         outcome = StepOutcome(
             step_id=step.id,
             name=step.name,
@@ -211,7 +208,4 @@ class Resuming:
             attempt=step.attempt,
             error=step.error,
         )
-        try:
-            return bool(self.job.should_retry_step(outcome, step.error))  # type: ignore[arg-type]
-        except Exception:
-            return False
+        return self._allows_retry(outcome, bool(step.error and step.error.non_retryable))
