@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from ..jobs.errors import (
     NoEligibleJobWorker,
@@ -138,8 +139,10 @@ class Staging:
                 except Exception as error:
                     return error
 
-        answers = await asyncio.gather(*(send(batch) for batch in batches))
+        answers = await self._outside_turn(asyncio.gather(*(send(batch) for batch in batches)))
         self.counters.dispatched += len(chosen)
+        if self.released:
+            return 0
         failed = 0
         for batch, answer in zip(batches, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -149,6 +152,28 @@ class Staging:
                 failed += await self._started(result)
         return failed
 
+    async def _outside_turn(self, waiting: Any) -> Any:
+        """Await workers' answers without holding the job's turn.
+
+        A large dispatch is answered only as fast as busy workers take the calls; meanwhile
+        the outcomes of steps already running are counted, instead of piling up until the
+        last answer. What the answers then say is taken as it stands by then: a step may
+        already be counted, or the job stopped.
+        """
+        self._turn.release()
+        try:
+            return await waiting
+        finally:
+            cancelled = False
+            while True:  # the caller's `async with` releases the turn: it must be held again
+                try:
+                    await self._turn.acquire()
+                    break
+                except asyncio.CancelledError:
+                    cancelled = True
+            if cancelled:
+                raise asyncio.CancelledError()
+
     async def _started(self, result: StartResult) -> int:
         if result.outcome in (StartOutcome.STARTED, StartOutcome.ALREADY_STARTED):
             return 0
@@ -156,6 +181,8 @@ class Staging:
             await self._handle_report(result.report, from_start=True)
             return 0
         tracked = self._tracked.pop(result.step_id, None)
+        if self.state.status != JobStatus.RUNNING or result.step_id in self._counted:
+            return 0  # stopped meanwhile: the step was not run, and a resume starts it again
         stage = tracked.stage if tracked else self._stage_of.get(result.step_id, 0)
         self.log.warning(
             "job %s: step %s failed to start: %s", self.id, result.step_id, result.reason

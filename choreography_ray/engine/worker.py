@@ -117,7 +117,8 @@ class StepRun(StepContext):
         self._cancelled = False
         self._cancel: asyncio.Event | None = None
         self._removing = False
-        self._task: asyncio.Task[None] | None = None
+        self.runner: asyncio.Task[Any] | None = None
+        """The task performing this run's async work, while it performs (to cancel it)."""
         self._user_state: BaseModel | None = None
         self._checkpoints = 0
         self._unwritten = False
@@ -128,6 +129,7 @@ class StepRun(StepContext):
         self._flush_timer: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None
         self._ended = False
+        self._report: StepReport | None = None
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -211,10 +213,11 @@ class StepRun(StepContext):
     # -- the run ----------------------------------------------------------------------------
 
     def _set(self, **changes: Any) -> None:
-        """Replace fields, never mutate them: a flush may be copying the record meanwhile."""
-        state = self.record.state
-        for name, value in changes.items():
-            setattr(state, name, value)
+        """Replace fields, never mutate them: a flush may be copying the record meanwhile.
+
+        Written straight into the record's fields: every value here is already valid, and
+        pydantic's attribute hook costs more than the rest of a no-op step."""
+        self.record.state.__dict__.update(changes)
 
     def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
         change = trusted(
@@ -238,36 +241,64 @@ class StepRun(StepContext):
             return  # settling: its outcome is being written and will be reported
         if self.cancel_work is not None:
             self.cancel_work()
-        if self._task is not None and not self._task.done() and self.step_class.is_async():
-            self._task.cancel()
+        if self.runner is not None and not self.runner.done():
+            self.runner.cancel()  # set only while async work performs, so it lands there
 
     async def execute(self) -> None:
+        """Perform, then settle. The outcome's write completes later, in `_written`: the task
+        that performed moves on to the next run at once."""
+        written = None
         try:
-            await self._execute()
-        except StaleRecord:
-            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
+            written = await self._execute()
         except Exception:
             self.log.exception(
                 "run of step %s of job %s failed to settle", self.step_id, self.job_id
             )
         finally:
-            self.closed = True
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-            self.worker.release(self)
-            self._ended = True
-            if self._done is not None and not self._done.done():
-                self._done.set_result(None)
+            if written is None:
+                self._end()
+        if written is not None:
+            written.add_done_callback(self._written)
 
-    async def _execute(self) -> None:
+    def _written(self, write: asyncio.Future[None]) -> None:
+        report, self._report = self._report, None
+        try:
+            write.result()
+        except StaleRecord:
+            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
+        except BaseException as error:
+            self.log.error(
+                "the outcome of step %s of job %s was not written: %s; the job recounts it "
+                "from storage",
+                self.step_id,
+                self.job_id,
+                error,
+            )
+        else:
+            if self._started is not None:
+                self.worker.metrics.step_finished(
+                    report.status, time.perf_counter() - self._started
+                )
+            self.worker.enqueue_report(self.key, report)
+        self._end()
+
+    def _end(self) -> None:
+        self.closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        self.worker.release(self)
+        self._ended = True
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    async def _execute(self) -> asyncio.Future[None] | None:
         registry = self.worker.registry
         step = self.step_class()
         stored = self.record.state
         user_state = registry.load(stored.state, TypeKind.STATE) if stored.state else None
         self._user_state = user_state
         if self.cancelled:
-            await self._settle_stopped(step)
-            return
+            return self._settle_stopped(step)
         lease = None
         if self.worker.options.step_lease_timeout > timedelta(0):
             lease = StepLease(
@@ -282,15 +313,17 @@ class StepRun(StepContext):
         self.worker.metrics.step_started()
         try:
             if self.step_class.is_async():
-                self._task = asyncio.current_task()  # type: ignore[assignment]
-                result = await step.perform(self._user_state, self)
+                self.runner = asyncio.current_task()
+                try:
+                    result = await step.perform(self._user_state, self)
+                finally:
+                    self.runner = None
             else:
                 result = await self.worker.sync_runner.run(step, self._user_state, self)
         except (asyncio.CancelledError, StepCancelled):
             if not self.cancelled:
                 raise
-            await self._settle_stopped(step)
-            return
+            return self._settle_stopped(step)
         except StepFailed as failure:
             partial = step.wrap_result(failure.partial_result) if failure.partial_result else None
             error = StepError(
@@ -299,25 +332,22 @@ class StepRun(StepContext):
                 partial_result=registry.dump(partial) if partial is not None else None,
                 non_retryable=failure.non_retryable,
             )
-            await self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-            return
+            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         except Exception as failure:
             if self.cancelled and isinstance(failure, CallbackRejected):
-                await self._settle_stopped(step)
-                return
+                return self._settle_stopped(step)
             error = StepError(
                 messages=[f"{type(failure).__name__}: {failure}"],
                 stack_trace=traceback.format_exc(),
             )
-            await self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-            return
+            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         wrapped = step.wrap_result(result)
-        await self._settle(
+        return self._settle(
             JobStepStatus.COMPLETED_SUCCESSFULLY,
             result=registry.dump(wrapped) if wrapped is not None else None,
         )
 
-    async def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> None:
+    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None]:
         partial = None
         if self._user_state is not None:
             try:
@@ -332,7 +362,7 @@ class StepRun(StepContext):
             partial_result=self.worker.registry.dump(partial) if partial is not None else None,
         )
         status = JobStepStatus.REMOVING if self._removing else JobStepStatus.STOPPED
-        await self._settle(status, error=error)
+        return self._settle(status, error=error)
 
     def release_slot(self) -> None:
         """The work is over: its throttle slot goes to the next run at once, while this run's
@@ -341,10 +371,11 @@ class StepRun(StepContext):
             self.holds_slot = False
             self.worker._slot_done()
 
-    async def _settle(
+    def _settle(
         self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None
-    ) -> None:
-        """Persist the outcome, then report it: storage first, so nothing is counted unsaved."""
+    ) -> asyncio.Future[None]:
+        """Write the outcome; `_written` reports it once durable, so nothing is counted
+        unsaved."""
         self.closed = True
         self.release_slot()
         if self._user_state is not None:
@@ -353,26 +384,21 @@ class StepRun(StepContext):
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
             self._set(progress=_DONE)
         self._status(status, error)
-        await self._write()
-        if self._started is not None:
-            self.worker.metrics.step_finished(status, time.perf_counter() - self._started)
         stored = self.record.state
-        self.worker.enqueue_report(
-            self.key,
-            StepReport(
-                step_id=stored.id,
-                status=status,
-                generation=self.generation,
-                attempt=self.attempt,
-                stage=stored.stage,
-                name=stored.name,
-                result=_plain(
-                    result if result is not None else (error.partial_result if error else None)
-                ),
-                error=error,
-                non_retryable=bool(error and error.non_retryable),
+        self._report = StepReport(
+            step_id=stored.id,
+            status=status,
+            generation=self.generation,
+            attempt=self.attempt,
+            stage=stored.stage,
+            name=stored.name,
+            result=_plain(
+                result if result is not None else (error.partial_result if error else None)
             ),
+            error=error,
+            non_retryable=bool(error and error.non_retryable),
         )
+        return self._write()
 
 
 class StepWorker:
@@ -404,6 +430,7 @@ class StepWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queue: deque[StepRun] = deque()
         self._performing = 0
+        self._runners = 0
         self._writers: dict[JobKey, StepWriter] = {}
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._report_task: asyncio.Task[None] | None = None
@@ -547,23 +574,39 @@ class StepWorker:
             self._pump()
 
     def _pump(self) -> None:
+        """Add runners while runs wait and slots are free; each runner takes run after run
+        from the queue, so a task is made per slot, not per run."""
+        if self.closed:
+            return
         loop = asyncio.get_running_loop()
-        while self._queue and self._performing < self.max_parallel_steps:
-            run = self._queue.popleft()
-            run.holds_slot = True
-            self._performing += 1
-            self.peak_parallel = max(self.peak_parallel, self._performing)
-            self._spawn(self._perform(run), loop)
+        while (
+            self._runners - self._performing < len(self._queue)  # runners yet to take a run
+            and self._runners < self.max_parallel_steps
+        ):
+            self._runners += 1
+            self._spawn(self._runner(), loop)
 
-    async def _perform(self, run: StepRun) -> None:
+    async def _runner(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         try:
-            await run.execute()
+            while self._queue and not self.closed and self._performing < self.max_parallel_steps:
+                run = self._queue.popleft()
+                run.holds_slot = True
+                self._performing += 1
+                self.peak_parallel = max(self.peak_parallel, self._performing)
+                try:
+                    await run.execute()
+                finally:
+                    run.release_slot()
+                while task.cancelling():  # a stop that landed in the run's work, handled
+                    task.uncancel()
         finally:
-            run.release_slot()
+            self._runners -= 1
 
     def _slot_done(self) -> None:
         self._performing -= 1
-        if self._queue and not self.closed:
+        if self._queue:
             self._pump()
 
     def _spawn(self, coro: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -643,8 +686,8 @@ class StepWorker:
         self._queue.clear()
         for run in list(self._runs.values()):
             run.closed = True
-            if run._task is not None:
-                run._task.cancel()
+            if run.runner is not None:
+                run.runner.cancel()
         self._runs.clear()
         self.sync_runner.close()
 

@@ -353,14 +353,22 @@ class RayReporter:
 
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
         name = self.controllers.get((job_key, job_id))
-        candidates = [name] if name else []
-        candidates += [n for n in self.routes.alive_names("choreography:controller:") if n != name]
         last: BaseException | None = None
-        for candidate in candidates:
+        if name is not None:
+            try:
+                await self.routes.get(name).deliver.remote(job_key, job_id, list(reports))
+                return
+            except Exception as error:  # that host is gone: any live one takes the job over
+                self.routes.forget(name)
+                last = error
+        # Listing the hosts asks Ray's control store: only when the known host did not answer.
+        for candidate in self.routes.alive_names("choreography:controller:"):
+            if candidate == name:
+                continue
             try:
                 await self.routes.get(candidate).deliver.remote(job_key, job_id, list(reports))
                 return
-            except Exception as error:  # that host is gone: any live one takes the job over
+            except Exception as error:
                 self.routes.forget(candidate)
                 last = error
         raise ConnectionError(f"no controller host took the outcomes of job {job_id}: {last}")

@@ -38,6 +38,7 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.storage import JobQuery, open_storage
 from choreography_ray.storage.sql import (
+    _QUICK_BATCH,
     INDEXES,
     VERSION_TABLE,
     SqlStorage,
@@ -613,7 +614,9 @@ def _libpq(url: str) -> str:
     return sa_url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
 
 
-def test_a_single_record_write_runs_inline_and_a_large_batch_on_the_thread(run, sqlite_provider):
+def test_writes_up_to_a_batch_limit_run_inline_and_larger_batches_on_the_thread(
+    run, sqlite_provider
+):
     submitted = []
     real = sqlite_provider._calls.submit
 
@@ -625,9 +628,12 @@ def test_a_single_record_write_runs_inline_and_a_large_batch_on_the_thread(run, 
     storage = sqlite_provider.for_key(KEY)
     assert run(storage.jobs.save(job())) == 1
     assert run(storage.steps.save(step("one"))) == 1
-    assert submitted == []  # one row: no thread hop
-    run(storage.steps.save_many([step(f"s{n}") for n in range(20)]))
-    assert submitted == ["_save_many"]
+    run(storage.steps.save_many([step(f"s{n}") for n in range(_QUICK_BATCH)]))
+    # No thread hop (the GIL is not handed back and forth per row); the thread only copies
+    # the write-ahead log the large batch left.
+    assert submitted == ["_nothing"]
+    run(storage.steps.save_many([step(f"t{n}") for n in range(_QUICK_BATCH + 1)]))
+    assert submitted == ["_nothing", "_save_many"]
 
 
 def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(run, tmp_path, registry):
