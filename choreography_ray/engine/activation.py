@@ -9,7 +9,7 @@ import asyncio
 import logging
 import traceback
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +79,10 @@ class ActivationBase:
         state: JobState,
         *,
         on_release: Any = None,
+        on_saved: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = ctx
+        self._on_saved = on_saved
         self.job_class = job_class
         self.state = state
         self.job = job_class()
@@ -155,6 +157,8 @@ class ActivationBase:
             self._release("the job changed in storage under this activation")
             raise
         self.counters.job_writes += 1
+        if self._on_saved is not None:
+            self._on_saved()
 
     def _release(self, reason: str) -> None:
         if not self.released:

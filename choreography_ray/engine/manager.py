@@ -40,6 +40,9 @@ from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
 
+_WAIT_POLL = 0.25
+"""How often `wait_finished` reads a job that another host runs."""
+
 log = logging.getLogger("choreography_ray.engine")
 
 INTERRUPTED_STATUSES = RUNNING_JOB_STATUSES | STOP_STATUSES
@@ -73,6 +76,8 @@ class JobsManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._recovering: set[str] = set()
+        self._changed = asyncio.Event()
+        """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""
         self.writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
         """Storage writes of the job activations this manager released (for benchmarks)."""
 
@@ -134,7 +139,11 @@ class JobsManager:
 
     def _new_activation(self, state: JobState) -> JobActivation:
         activation = JobActivation(
-            self.ctx, self._job_class(state.type), state, on_release=self._released
+            self.ctx,
+            self._job_class(state.type),
+            state,
+            on_release=self._released,
+            on_saved=self._saved,
         )
         self._activations[state.id] = activation
         return activation
@@ -230,7 +239,9 @@ class JobsManager:
             created=self.ctx.clock.now(),
             owner=self.ctx.owner,
         )
-        activation = JobActivation(self.ctx, job_type, state, on_release=self._released)
+        activation = JobActivation(
+            self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
+        )
         self._activations[job_id] = activation
         return await activation.start(request)
 
@@ -242,6 +253,38 @@ class JobsManager:
         if state is None:
             raise JobNotFoundError(job_id)
         return state
+
+    async def wait_finished(self, job_id: str, within: float) -> JobState | None:
+        """The job's state once it is finished (None once it was cleared), or its state as it
+        stands when `within` seconds pass first.
+
+        A job this manager runs wakes the wait as it is saved, so it returns as soon as the job
+        finishes; a job run elsewhere is read again every `_WAIT_POLL` seconds.
+        """
+        clock = self.ctx.clock
+        deadline = asyncio.ensure_future(clock.sleep(within))
+        try:
+            while True:
+                changed = self._changed
+                try:
+                    state = await self.get(job_id)
+                except JobNotFoundError:
+                    return None
+                if state.is_finished or deadline.done():
+                    return state
+                live = self._activations.get(job_id)
+                waits = {asyncio.ensure_future(changed.wait()), deadline}
+                if live is None or live.released:
+                    waits.add(asyncio.ensure_future(clock.sleep(_WAIT_POLL)))
+                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for waiting in pending - {deadline}:
+                    waiting.cancel()
+        finally:
+            deadline.cancel()
+
+    def _saved(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def list(self, query: JobQuery | None = None) -> list[JobState]:
         return await self.ctx.storage.jobs.query(query or JobQuery())

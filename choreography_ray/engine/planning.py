@@ -6,7 +6,6 @@ from the saved JSON, never from the objects `prepare_steps` returned.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -14,7 +13,7 @@ from pydantic import ValidationError
 
 from ..jobs.errors import ChoreographyError
 from ..jobs.job import StepDetails
-from ..jobs.registry import TypeKind, TypeRegistry
+from ..jobs.registry import TypeKind, TypeRegistry, trusted
 from ..jobs.state import PlannedStep
 
 
@@ -27,6 +26,7 @@ def build_plan(details: Iterable[StepDetails], registry: TypeRegistry) -> list[P
     """The plan of `details`, checked; raises `InvalidPlan` with a reason a person can act on."""
     plan: list[PlannedStep] = []
     seen: set[str] = set()
+    names: dict[type, str] = {}  # a plan of thousands of steps has a handful of step types
     for index, detail in enumerate(details):
         if not isinstance(detail, StepDetails):
             raise InvalidPlan(
@@ -37,8 +37,11 @@ def build_plan(details: Iterable[StepDetails], registry: TypeRegistry) -> list[P
             raise InvalidPlan(f"step id {detail.step_id!r} is planned twice")
         seen.add(detail.step_id)
         try:
-            step_name = registry.name_of(detail.step_type)
-            registry.resolve(step_name, TypeKind.STEP)
+            step_name = names.get(detail.step_type)
+            if step_name is None:
+                step_name = registry.name_of(detail.step_type)
+                registry.resolve(step_name, TypeKind.STEP)
+                names[detail.step_type] = step_name
             payload = registry.dump(detail.request)
         except ChoreographyError as error:
             raise InvalidPlan(f"step {detail.step_id!r}: {error.message}") from error
@@ -49,13 +52,14 @@ def build_plan(details: Iterable[StepDetails], registry: TypeRegistry) -> list[P
                 f"step {detail.step_id!r}: its {type(detail.request).__qualname__} request does "
                 f"not survive a JSON round trip: {error}"
             ) from error
-        if _canonical(again.data) != _canonical(payload.data):
+        if not same_json(again.data, payload.data):
             raise InvalidPlan(
                 f"step {detail.step_id!r}: its {type(detail.request).__qualname__} request reads "
                 "back different from what was planned; give its fields JSON-safe types"
             )
         plan.append(
-            PlannedStep(
+            trusted(
+                PlannedStep,
                 step_id=detail.step_id,
                 stage=detail.stage,
                 step_type=step_name,
@@ -71,5 +75,13 @@ def plan_size(plan: list[PlannedStep]) -> int:
     return sum(len(step.model_dump_json()) + 1 for step in plan) + 2
 
 
-def _canonical(data: object) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+def same_json(a: object, b: object) -> bool:
+    """Equal as JSON: what `==` says, except that 1, 1.0 and True are three different values
+    (and NaN equals NaN, as their JSON does)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(value, b[key]) for key, value in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return a == b or (a != a and b != b)

@@ -15,7 +15,6 @@ from ..jobs.registry import TypeKind
 from ..jobs.state import JobStepState, PlannedStep
 from ..jobs.status import (
     JobStatus,
-    JobStepStatus,
 )
 from . import progress as counting
 from .activation import (
@@ -234,14 +233,12 @@ class Starting:
                     f"{'; '.join(error_messages(error))}"
                 )
             batch.append(
-                JobStepState(
+                JobStepState.prepared(
                     id=planned.step_id,
                     job_id=self.id,
                     type=planned.step_type,
                     name=planned.name,
                     stage=planned.stage,
-                    status=JobStepStatus.UNKNOWN,
-                    is_prepared=True,
                     state=state_payload,
                 )
             )

@@ -52,6 +52,9 @@ log = logging.getLogger("choreography_ray.engine")
 
 _DONE = JobStepProgress(percentage=100.0, message="")
 
+_MAX_DELIVERIES = 8
+"""Report sends in flight at once, per worker."""
+
 
 class StepMetrics:
     """What a worker counts; the Ray runtime sends it to Ray's metrics, tests ignore it."""
@@ -434,6 +437,7 @@ class StepWorker:
         self._writers: dict[JobKey, StepWriter] = {}
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._report_task: asyncio.Task[None] | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
         self.closed = False
@@ -494,6 +498,7 @@ class StepWorker:
             or self.sync_runner.in_flight
             or self._reports
             or (self._report_task is not None and not self._report_task.done())
+            or self._deliveries
             or any(w.busy for w in self._writers.values())
         )
 
@@ -650,12 +655,22 @@ class StepWorker:
             self._report_task = asyncio.get_running_loop().create_task(self._send_reports())
 
     async def _send_reports(self) -> None:
+        """Send what is queued, without waiting for earlier sends to be answered.
+
+        An answer comes back only as fast as this busy process gets to it; waiting for each
+        before the next send would hold every later outcome back by that much. At most
+        `_MAX_DELIVERIES` sends are in flight; outcomes queued meanwhile go in the next.
+        """
         await asyncio.sleep(0)
         while self._reports:
+            while len(self._deliveries) >= _MAX_DELIVERIES:
+                await asyncio.wait(self._deliveries, return_when=asyncio.FIRST_COMPLETED)
             batches, self._reports = self._reports, {}
-            await asyncio.gather(
-                *(self._deliver(key, job_id, reports) for (key, job_id), reports in batches.items())
-            )
+            loop = asyncio.get_running_loop()
+            for (key, job_id), reports in batches.items():
+                task = loop.create_task(self._deliver(key, job_id, reports))
+                self._deliveries.add(task)
+                task.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, key: JobKey, job_id: str, reports: list[StepReport]) -> None:
         delay = self.options.step_delivery_retry_delay.total_seconds()

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .registry import Payload
+from .registry import Payload, trusted
 from .status import JobStatus, JobStepStatus
 
 DEFAULT_SCOPE = "default"
@@ -177,6 +177,11 @@ class JobState(_Model):
         return self.status.is_running
 
     @property
+    def is_finished(self) -> bool:
+        """Nothing more happens by itself: terminal, or stopped with its stop finalized."""
+        return self.status.is_terminal or (self.status == JobStatus.STOPPED and self.stop_finalized)
+
+    @property
     def is_prepared(self) -> bool:
         """The job crossed StartingSteps at some point of its history."""
         return any(c.status == JobStatus.STARTING_STEPS for c in self.status_changes)
@@ -228,3 +233,29 @@ class JobStepState(_Model):
     result: Payload | None = None
     error: StepError | None = None
     version: int = 0
+
+    @classmethod
+    def prepared(
+        cls, *, id: str, job_id: str, type: str, name: str, stage: int, state: Payload
+    ) -> JobStepState:
+        """A newly prepared record, every other field at its default. Built without
+        validation (the values come checked from the plan): jobs prepare thousands at once."""
+        return trusted(
+            cls,
+            id=id,
+            job_id=job_id,
+            type=type,
+            name=name,
+            stage=stage,
+            status=JobStepStatus.UNKNOWN,
+            status_changes=[],
+            progress=trusted(JobStepProgress, percentage=0.0, message=""),
+            is_prepared=True,
+            attempt=1,
+            lease=None,
+            generation=0,
+            state=state,
+            result=None,
+            error=None,
+            version=0,
+        )

@@ -33,7 +33,6 @@ from ..jobs.job import Job
 from ..jobs.options import JobsOptions
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
-from ..jobs.status import JobStatus
 from ..storage.protocols import JobQuery
 from .config import ClusterConfig, check_same_storage, merge, read_config, write_config
 from .constants import NAMESPACE, controller_name
@@ -125,6 +124,10 @@ def _check_reachable(address: str | None, timeout: float = 3.0) -> None:
             pass
     except OSError as error:
         raise ConfigurationError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
+
+
+_WAIT_CHUNK = 10.0
+"""Seconds one call of `wait` may be held by the controller host before it asks again."""
 
 
 class Jobs:
@@ -266,7 +269,7 @@ class Jobs:
             if mark != last:
                 last = mark
                 yield state
-            if _finished(state):
+            if state.is_finished:
                 return
             time.sleep(interval)
 
@@ -282,25 +285,28 @@ class Jobs:
     ) -> JobState | None:
         """Wait until the job is finished and return its last state, or None when the job was
         cleared (removed, or completed without keeping its state). `progress=True` shows a live
-        progress bar. Raises TimeoutError after `timeout` seconds."""
+        progress bar, refreshed every `interval` seconds. Raises TimeoutError after `timeout`
+        seconds.
+
+        The controller host holds each call until the job finishes (or the chunk of time
+        passes), so the wait ends as the job does, without polling it."""
         from .progress import ProgressBar
 
+        key = JobKey(scope=scope, namespace=namespace)
         deadline = None if timeout is None else time.monotonic() + timeout
         with ProgressBar(enabled=progress) as bar:
             while True:
-                state = self.find(job_id, scope=scope, namespace=namespace)
+                chunk = interval if progress else _WAIT_CHUNK
+                if deadline is not None:
+                    chunk = max(0.0, min(chunk, deadline - time.monotonic()))
+                state = self._get(self._controller().wait.remote(key, job_id, chunk))
                 if state is None:
                     return None
                 bar.update(state)
-                if _finished(state):
+                if state.is_finished:
                     return state
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
-                time.sleep(interval)
-
-
-def _finished(state: JobState) -> bool:
-    return state.status.is_terminal or (state.status == JobStatus.STOPPED and state.stop_finalized)
 
 
 class AsyncJobs:

@@ -9,6 +9,7 @@ cluster configuration, so a host that dies is replaced by a fresh one that reads
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import OrderedDict
@@ -59,6 +60,23 @@ def _configure_logging() -> None:
         ours.addHandler(handler)
     ours.setLevel(logging.INFO)
     ours.propagate = False
+
+
+_GC_THRESHOLDS = (50_000, 20, 20)
+"""Young-generation collections after 50,000 allocations, not Python's 700."""
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often than Python's defaults, and never scan start-up objects.
+
+    A host allocates several objects per step while holding thousands of live records; with
+    the default thresholds the collector ran so often that it took about a third of the
+    worker host's CPU in the fan-out benchmark (2.2 s against 1.4 s for 10,000 steps, same
+    run). The engine makes few reference cycles, so garbage still goes at once, by reference
+    counting; what the collector finds later costs memory only briefly.
+    """
+    gc.set_threshold(*_GC_THRESHOLDS)
+    gc.freeze()
 
 
 def _config(namespace: str) -> Any:
@@ -172,6 +190,7 @@ class _Host:
 
     def __init__(self, namespace: str, node_id: str, name: str) -> None:
         _configure_logging()
+        _tune_gc()
         self.namespace = namespace
         self.node_id = node_id
         self.name = name
@@ -278,6 +297,11 @@ class ControllerHost(_Host):
     async def get(self, key: JobKey, job_id: str) -> JobState:
         await self.ready()
         return await self.manager(key).get(job_id)
+
+    async def wait(self, key: JobKey, job_id: str, within: float) -> JobState | None:
+        """The job's state once it finishes, or as it stands after `within` seconds."""
+        await self.ready()
+        return await self.manager(key).wait_finished(job_id, within)
 
     async def list(self, key: JobKey, query: JobQuery) -> list[JobState]:
         await self.ready()

@@ -490,7 +490,7 @@ class SqlStorage(ThreadedProvider):
             try:
                 answer = fn(*args)
                 if self._checkpoint_due:  # a large batch left it: the thread copies the log
-                    self._housekeeping.add(task := asyncio.create_task(self.run(_nothing)))
+                    self._housekeeping.add(task := asyncio.create_task(self._copy_log()))
                     task.add_done_callback(self._housekeeping.discard)
                 return answer
             except Exception as error:
@@ -499,6 +499,13 @@ class SqlStorage(ThreadedProvider):
             finally:
                 _INLINE.reset(token)
         return await self.run(fn, *args)
+
+    async def _copy_log(self) -> None:
+        """Let the provider's thread run the checkpoint an inline batch left due."""
+        try:
+            await self.run(_nothing)
+        except Exception as error:  # closed meanwhile: the next open checkpoints
+            log.debug("deferred SQLite checkpoint skipped: %s", error)
 
     async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a read at once on the event loop, where SQLite can, busy thread or not.

@@ -1526,3 +1526,76 @@ def test_when_the_host_stops_during_rehydration_jobs_not_yet_resumed_stay_for_th
     ran, state = run(scenario())
     assert ran == 1
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+# -- waiting for a job to finish ----------------------------------------------------------------
+
+
+def test_waiting_for_a_running_job_returns_as_soon_as_it_finishes(run, cluster, script):
+    async def scenario():
+        script.behaviour["a"].block = True
+        started = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        waiting = asyncio.ensure_future(cluster.manager().wait_finished(started.job_id, HOUR))
+        await cluster.settle()
+        before = waiting.done()
+        script.release("a")
+        await cluster.settle()
+        return before, waiting.done(), waiting.result() if waiting.done() else None
+
+    before, after, state = run(scenario())
+    assert (before, after) == (False, True)  # no clock advanced: woken by the job's own write
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_waiting_returns_the_state_as_it_stands_when_the_time_given_passes(run, cluster, script):
+    async def scenario():
+        script.behaviour["a"].block = True
+        started = await cluster.start(ScenarioJob, request("a"))
+        waiting = asyncio.ensure_future(cluster.manager().wait_finished(started.job_id, 5.0))
+        await cluster.advance(4.9)
+        early = waiting.done()
+        await cluster.advance(0.1)
+        state = waiting.result() if waiting.done() else None
+        script.release("a")
+        await cluster.wait(started.job_id)
+        return early, state
+
+    early, state = run(scenario())
+    assert early is False
+    assert state is not None and state.status == JobStatus.RUNNING
+
+
+def test_waiting_for_a_job_that_is_cleared_or_unknown_returns_none(run, cluster):
+    async def scenario():
+        cleared = await cluster.start(ClearingJob, request("a"))
+        await cluster.wait(cleared.job_id)
+        manager = cluster.manager()
+        return (
+            await manager.wait_finished(cleared.job_id, HOUR),
+            await manager.wait_finished("no-such-job", HOUR),
+        )
+
+    assert run(scenario()) == (None, None)
+
+
+def test_waiting_for_a_job_another_host_runs_reads_it_again_until_it_finishes(run, cluster, script):
+    async def scenario():
+        script.behaviour["a"].block = True
+        started = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.crash()  # this manager no longer runs the job
+        waiting = asyncio.ensure_future(cluster.manager().wait_finished(started.job_id, HOUR))
+        await cluster.settle()
+        storage = cluster.storage().jobs
+        state = await storage.get(started.job_id)
+        state.status = JobStatus.COMPLETED_SUCCESSFULLY  # as the host that runs it would
+        await storage.save(state)
+        await cluster.settle()
+        unseen = waiting.done()
+        await cluster.advance(0.25)
+        return unseen, waiting.result() if waiting.done() else None
+
+    unseen, state = run(scenario())
+    assert unseen is False
+    assert state is not None and state.status == JobStatus.COMPLETED_SUCCESSFULLY

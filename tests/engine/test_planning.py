@@ -493,3 +493,22 @@ def test_recovery_reloads_an_external_plan_of_its_own_incarnation(run, script):
     assert stored.has_stored_step_plan and stored.stored_step_plan_incarnation == 1
     assert final.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert sorted(k for k, _ in script.runs) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ({"a": [1, 2, {"b": None}]}, {"a": [1, 2, {"b": None}]}, True),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}, True),  # key order is not JSON's meaning
+        ({"a": 1}, {"a": 1.0}, False),
+        ({"a": 1}, {"a": True}, False),
+        ({"a": 1}, {"b": 1}, False),
+        ([1, 2], [1, 2, 3], False),
+        (float("nan"), float("nan"), True),
+        ("1", 1, False),
+    ],
+)
+def test_the_round_trip_check_compares_values_as_json_does(a, b, same):
+    from choreography_ray.engine.planning import same_json
+
+    assert same_json(a, b) is same

@@ -27,6 +27,7 @@ from choreography_ray.jobs import (
     StatusChange,
     StepLease,
 )
+from choreography_ray.jobs.registry import Payload
 
 from ..strategies import EXAMPLES, job_progresses, job_states, job_step_states
 
@@ -439,3 +440,14 @@ def test_a_job_key_refuses_a_blank_or_overlong_scope_or_namespace(bad: str) -> N
 
 def test_job_keys_are_hashable_values() -> None:
     assert len({JobKey(scope="a"), JobKey(scope="a"), JobKey(scope="b")}) == 2
+
+
+def test_a_prepared_step_record_is_what_validation_would_build():
+    state = Payload(type="t", data={"n": 1})
+    fast = JobStepState.prepared(id="s", job_id="j", type="step", name="n", stage=2, state=state)
+    checked = JobStepState(
+        id="s", job_id="j", type="step", name="n", stage=2, is_prepared=True, state=state
+    )
+    assert fast == checked
+    assert fast.model_dump_json() == checked.model_dump_json()
+    assert fast.model_fields_set == set(JobStepState.model_fields)
