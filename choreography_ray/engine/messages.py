@@ -7,6 +7,7 @@ never mistaken for one of the current.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -70,3 +71,53 @@ class StopResult:
     stopping: list[str] = field(default_factory=list)
     """Steps whose runs were told to stop; each reports once it settles."""
     not_running: list[str] = field(default_factory=list)
+
+
+# -- across processes ---------------------------------------------------------------------------
+# Ray pickles a named tuple about ten times slower than a plain one (2.8 µs against 0.2 µs per
+# message, measured on 1,000), and an enum member by name. Hosts send plain tuples and plain
+# ints, and rebuild the messages on arrival.
+
+_STEP_STATUSES = {int(status): status for status in JobStepStatus}
+
+PackedStart = tuple[str, int, int]
+PackedReport = tuple[Any, ...]
+"""A `StepReport`'s fields in order, its status as an int."""
+
+
+def pack_starts(starts: Sequence[StepStart]) -> list[PackedStart]:
+    return [tuple(start) for start in starts]  # type: ignore[misc]
+
+
+def unpack_starts(packed: Sequence[PackedStart]) -> list[StepStart]:
+    return [StepStart(*fields) for fields in packed]
+
+
+def pack_reports(reports: Sequence[StepReport]) -> list[PackedReport]:
+    return [
+        (
+            r.step_id,
+            int(r.status),
+            r.generation,
+            r.attempt,
+            r.stage,
+            r.name,
+            r.result,
+            r.error,
+            r.non_retryable,
+        )
+        for r in reports
+    ]
+
+
+def unpack_reports(packed: Sequence[PackedReport]) -> list[StepReport]:
+    statuses = _STEP_STATUSES
+    return [
+        StepReport(step_id, statuses[status], generation, attempt, stage, name, result, error, flag)
+        for step_id, status, generation, attempt, stage, name, result, error, flag in packed
+    ]
+
+
+def exceptional(results: Sequence[StartResult]) -> list[StartResult]:
+    """The results worth sending back: a start with none simply started."""
+    return [result for result in results if result.outcome != StartOutcome.STARTED]

@@ -14,7 +14,10 @@ class StepDispatcher(Protocol):
 
     async def start_steps(
         self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
-    ) -> list[StartResult]: ...
+    ) -> list[StartResult]:
+        """Results of the starts that did not simply start (a start without one started);
+        a dispatcher may also answer every start."""
+        ...
 
     async def stop_steps(self, request: StopRequest) -> StopResult: ...
 

@@ -606,6 +606,9 @@ class StepWorker:
                     run.release_slot()
                 while task.cancelling():  # a stop that landed in the run's work, handled
                     task.uncancel()
+                # Work that never waits (a no-op step) would let one runner take the whole
+                # queue in one go, while outcome writes, reports and incoming batches wait.
+                await asyncio.sleep(0)
         finally:
             self._runners -= 1
 

@@ -7,7 +7,8 @@ plan before preparing any step. Recovery reuses the saved plan and never calls
 
 from __future__ import annotations
 
-import uuid
+import os
+import threading
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -39,6 +40,36 @@ class StepDetails:
     request: BaseModel
     stage: int = 0
     name: str = ""
+
+
+class _RandomIds:
+    """Version-4 UUIDs in hex, as `uuid.uuid4().hex` makes them, from one read of the system's
+    randomness per 1,024 ids: planning makes thousands at once, and each read is a system call
+    (the whole `uuid4` cost about 3 µs an id here, a fifth of planning a step)."""
+
+    _BATCH = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: list[int] = []
+
+    def __call__(self) -> str:
+        with self._lock:
+            if not self._pool:
+                data = os.urandom(16 * self._BATCH)
+                self._pool = [
+                    int.from_bytes(data[i : i + 16], "big") for i in range(0, len(data), 16)
+                ]
+            value = self._pool.pop()
+        value &= ~(0xC000 << 48)  # the variant (RFC 4122) and version (4) bits, as uuid4 sets
+        value |= 0x8000 << 48
+        value &= ~(0xF000 << 64)
+        value |= 4 << 76
+        return f"{value:032x}"
+
+
+new_step_id = _RandomIds()
+"""A new random step identity (a version-4 UUID in hex)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +192,7 @@ class Job(Generic[TRequest]):
         if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
             raise ValueError(f"stage must be a whole number >= 0, got {stage!r}")
         return StepDetails(
-            step_id=step_id or uuid.uuid4().hex,
+            step_id=step_id or new_step_id(),
             step_type=step_type,
             request=request,
             stage=stage,

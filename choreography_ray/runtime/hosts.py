@@ -22,7 +22,20 @@ from ..engine.clock import SystemClock
 from ..engine.context import EngineContext
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
-from ..engine.messages import StartResult, StepReport, StepStart, StopRequest, StopResult
+from ..engine.messages import (
+    PackedReport,
+    PackedStart,
+    StartResult,
+    StepReport,
+    StepStart,
+    StopRequest,
+    StopResult,
+    exceptional,
+    pack_reports,
+    pack_starts,
+    unpack_reports,
+    unpack_starts,
+)
 from ..engine.worker import StepWorker
 from ..jobs.errors import OwnedElsewhereError, ShuttingDownError
 from ..jobs.registry import Payload, TypeKind, default_registry
@@ -160,7 +173,7 @@ class RayDispatcher:
         self._turn += len(starts)
         calls = [
             self.routes.get(name).start_steps.remote(
-                self.controller, job_key, job_id, job_type, part
+                self.controller, job_key, job_id, job_type, pack_starts(part)
             )
             for name, part in shares.items()
         ]
@@ -324,8 +337,9 @@ class ControllerHost(_Host):
     async def remove(self, key: JobKey, job_id: str) -> None:
         return await self._owned(key, job_id, "remove")
 
-    async def deliver(self, key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+    async def deliver(self, key: JobKey, job_id: str, packed: list[PackedReport]) -> None:
         """Step outcomes from a worker host, already durable."""
+        reports = unpack_reports(packed)
         self.metrics.outcomes(reports)
         return await self._owned(key, job_id, "deliver", reports)
 
@@ -377,10 +391,11 @@ class RayReporter:
 
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
         name = self.controllers.get((job_key, job_id))
+        packed = pack_reports(reports)
         last: BaseException | None = None
         if name is not None:
             try:
-                await self.routes.get(name).deliver.remote(job_key, job_id, list(reports))
+                await self.routes.get(name).deliver.remote(job_key, job_id, packed)
                 return
             except Exception as error:  # that host is gone: any live one takes the job over
                 self.routes.forget(name)
@@ -390,7 +405,7 @@ class RayReporter:
             if candidate == name:
                 continue
             try:
-                await self.routes.get(candidate).deliver.remote(job_key, job_id, list(reports))
+                await self.routes.get(candidate).deliver.remote(job_key, job_id, packed)
                 return
             except Exception as error:
                 self.routes.forget(candidate)
@@ -447,11 +462,14 @@ class WorkerHost(_Host):
         job_key: JobKey,
         job_id: str,
         job_type: str,
-        starts: list[StepStart],
+        starts: list[PackedStart],
     ) -> list[StartResult]:
+        """Accept a batch of starts. Only the results of starts that did not simply start
+        come back: the job takes a start with no result as started."""
         await self.ready()
         self.reporter.controllers[(job_key, job_id)] = controller
-        return await self.worker.start_steps(job_key, job_id, job_type, starts)
+        results = await self.worker.start_steps(job_key, job_id, job_type, unpack_starts(starts))
+        return exceptional(results)
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
         await self.ready()

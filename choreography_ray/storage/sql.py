@@ -88,6 +88,9 @@ milliseconds at most. On the provider's thread, a batch competes for the GIL wit
 event loop row by row (sqlite3 releases the GIL around each row): measured under a host
 running steps, a 1,000-row flush took over a second that way, and outcomes waited for it."""
 
+_INLINE_RETRIES = (0.001, 0.002, 0.004, 0.008)
+"""Pauses between inline attempts that found the SQLite write lock taken; then the thread."""
+
 _INLINE: ContextVar[bool] = ContextVar("choreography_sqlite_inline", default=False)
 """Set while a call runs inline on the event loop: connections come from the inline engine."""
 
@@ -485,11 +488,15 @@ class SqlStorage(ThreadedProvider):
         lock: if another process holds it, or anything transient goes wrong, the call goes to
         the thread, which waits and retries as usual. PostgreSQL calls always use threads.
         """
-        if self.is_sqlite and self._calls.idle:
+        for pause in _INLINE_RETRIES:
+            if not (self.is_sqlite and self._calls.idle):
+                break
             token = _INLINE.set(True)
             try:
                 answer = fn(*args)
-                if self._checkpoint_due:  # a large batch left it: the thread copies the log
+                if self._checkpoint_due and not self._housekeeping:
+                    # A large batch left it. Copied off the provider's thread, so that the
+                    # next batches still find the thread idle and run inline too.
                     self._housekeeping.add(task := asyncio.create_task(self._copy_log()))
                     task.add_done_callback(self._housekeeping.discard)
                 return answer
@@ -498,14 +505,22 @@ class SqlStorage(ThreadedProvider):
                     raise
             finally:
                 _INLINE.reset(token)
+            # Another process holds the write lock, most often for a few milliseconds: wait
+            # here rather than on the thread, where a busy loop makes a batch crawl.
+            await asyncio.sleep(pause)
         return await self.run(fn, *args)
 
     async def _copy_log(self) -> None:
-        """Let the provider's thread run the checkpoint an inline batch left due."""
+        """Run the checkpoint an inline batch left due, in a thread of its own."""
         try:
-            await self.run(_nothing)
+            await asyncio.get_running_loop().run_in_executor(None, self._checkpoint_if_due)
         except Exception as error:  # closed meanwhile: the next open checkpoints
             log.debug("deferred SQLite checkpoint skipped: %s", error)
+
+    async def housekeeping(self) -> None:
+        """Wait for the background work inline calls left (the log copy); for tests."""
+        while self._housekeeping:
+            await asyncio.gather(*self._housekeeping, return_exceptions=True)
 
     async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a read at once on the event loop, where SQLite can, busy thread or not.
@@ -592,6 +607,7 @@ class SqlStorage(ThreadedProvider):
         return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "big", signed=True)
 
     async def close(self) -> None:
+        await self.housekeeping()
         await super().close()
         self.engine.dispose()
         if self.is_sqlite:
@@ -604,10 +620,6 @@ class SqlStorage(ThreadedProvider):
             steps=SqlJobStepStorage(self, key),
             plans=None,
         )
-
-
-def _nothing() -> None:
-    """A call that only lets the provider's thread do its after-call housekeeping."""
 
 
 def _parse(url: StorageURL) -> URL:
