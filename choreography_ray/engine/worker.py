@@ -176,7 +176,7 @@ class StepRun(StepContext):
         )
         if self._checkpoints % every == 0:
             self._unwritten = False
-            self._write()
+            self._write_later()
             return
         self._unwritten = True
         if options.step_checkpoint_flush_interval > timedelta(0) and (
@@ -190,7 +190,7 @@ class StepRun(StepContext):
         )
         if not self.closed and self._unwritten:
             self._unwritten = False
-            self._write()
+            self._write_later()
 
     def progress(self, percentage: float, message: str = "") -> None:
         self.worker.call_soon(self._progress, percentage, message)
@@ -234,6 +234,10 @@ class StepRun(StepContext):
 
     def _write(self) -> asyncio.Future[None]:
         return self.worker.writer_for(self.key.job_key).write(self.record)
+
+    def _write_later(self) -> None:
+        """Checkpoints and Running: the outcome's write, waited for, comes after them."""
+        self.worker.writer_for(self.key.job_key).write_later(self.record)
 
     def cancel(self, removing: bool) -> None:
         self._removing = self._removing or removing
@@ -311,7 +315,7 @@ class StepRun(StepContext):
             )
         self._set(attempt=self.attempt, generation=self.generation, lease=lease, error=None)
         self._status(JobStepStatus.RUNNING)
-        self._write()  # not awaited: the outcome write follows it in order
+        self._write_later()  # the outcome's write follows it in order, and is waited for
         self._started = time.perf_counter()
         self.worker.metrics.step_started()
         try:

@@ -67,10 +67,20 @@ class StepWriter:
             future.set_exception(StaleRecord(record.state.id))
             return future
         record.waiters.append((sequence, future))
+        self._schedule(record)
+        return future
+
+    def write_later(self, record: Tracked) -> None:
+        """Mark `record` changed, for a caller that does not wait for this change (a later
+        write of the same record, which is kept in order after it, is waited for instead)."""
+        record.mark()
+        if not record.stale:
+            self._schedule(record)
+
+    def _schedule(self, record: Tracked) -> None:
         self._dirty[(record.state.job_id, record.state.id)] = record
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
-        return future
 
     async def _flush_loop(self) -> None:
         await asyncio.sleep(0)  # let the changes of this loop turn join the batch

@@ -125,13 +125,13 @@ class TypeRegistry:
     def resolve(self, name: str, kind: TypeKind | str | None = None) -> type:
         """The class registered under `name`; `UnknownTypeError` when there is none."""
         entry = self._by_name.get(name)
-        if entry is None or (kind is not None and not _kinds_match(entry[0], TypeKind(kind))):
+        if entry is None or (kind is not None and not _kinds_match(entry[0], _kind(kind))):
             raise UnknownTypeError(name, str(TypeKind(kind)) if kind is not None else None)
         return entry[1]
 
     def knows(self, name: str, kind: TypeKind | str | None = None) -> bool:
         entry = self._by_name.get(name)
-        return entry is not None and (kind is None or _kinds_match(entry[0], TypeKind(kind)))
+        return entry is not None and (kind is None or _kinds_match(entry[0], _kind(kind)))
 
     def name_of(self, cls: type) -> str:
         """The registered name of `cls`."""
@@ -158,15 +158,14 @@ class TypeRegistry:
 
         The data comes straight from pydantic's JSON mode, so it is not validated again.
         """
-        payload = Payload.__new__(Payload)  # trusted: see jobs.state.trusted
-        object.__setattr__(
-            payload,
-            "__dict__",
-            {"type": self.name_of(type(value)), "data": value.model_dump(mode="json")},
-        )
-        object.__setattr__(payload, "__pydantic_fields_set__", {"type", "data"})
-        object.__setattr__(payload, "__pydantic_extra__", None)
-        object.__setattr__(payload, "__pydantic_private__", None)
+        name = self._by_class.get(type(value))
+        if name is None:
+            name = self.name_of(type(value))  # raises, naming the class
+        payload = _new_payload(Payload)  # trusted: see `trusted`
+        _set(payload, "__dict__", {"type": name, "data": value.model_dump(mode="json")})
+        _set(payload, "__pydantic_fields_set__", {"type", "data"})
+        _set(payload, "__pydantic_extra__", None)
+        _set(payload, "__pydantic_private__", None)
         return payload
 
     def load(self, payload: Payload, kind: TypeKind | str | None = None) -> Any:
@@ -191,6 +190,15 @@ class TypeRegistry:
             entry = self._by_name.pop(name, None)
             if entry is not None:
                 self._by_class.pop(entry[1], None)
+
+
+_new_payload = Payload.__new__
+_set = object.__setattr__
+
+
+def _kind(kind: TypeKind | str) -> TypeKind:
+    """Most callers pass a `TypeKind` already; calling the enum costs a microsecond anyway."""
+    return kind if kind.__class__ is TypeKind else TypeKind(kind)  # type: ignore[return-value]
 
 
 def _kinds_match(registered: TypeKind, wanted: TypeKind) -> bool:
