@@ -19,6 +19,9 @@ from ..storage.protocols import JobsStorage
 
 log = logging.getLogger("choreography_ray.engine")
 
+_GATHER_TURNS = 16
+"""Loop turns a flush may wait while changes keep arriving."""
+
 
 class StaleRecord(Exception):
     """The record changed under the run: another run or the job wrote it. The run must stop."""
@@ -84,6 +87,15 @@ class StepWriter:
 
     async def _flush_loop(self) -> None:
         await asyncio.sleep(0)  # let the changes of this loop turn join the batch
+        # While every turn brings more changes (a few runners finishing one run per turn),
+        # wait a few turns more: one commit for many records rather than one for each.
+        for _ in range(_GATHER_TURNS):
+            waiting = len(self._dirty)
+            if waiting >= self.max_batch:
+                break
+            await asyncio.sleep(0)
+            if len(self._dirty) == waiting:
+                break
         while self._dirty:
             batch = list(self._dirty.values())[: self.max_batch]
             for record in batch:
