@@ -1,39 +1,24 @@
-"""The worker: runs step activations, a node's throttle, group-committed outcomes, batched reports.
+"""The worker: a node's step runs, its throttle, group-committed outcomes, batched reports.
 
-A worker receives starts in batches, loads the steps' records in one read, and queues runs.
-At most `max_parallel_steps` runs perform at once. Each run writes Running, performs, and
-writes its outcome through the group-committing `StepWriter`; only once the outcome is durable
-is it reported to the job, in batches per job. A run whose record changed under it (a stale
-run) stops and reports nothing.
+A worker receives starts in batches, loads the steps' records in one read, and queues runs
+(`run.StepRun`). At most `max_parallel_steps` runs perform at once, each on a runner task of
+its own slot. Outcomes go through the group-committing `StepWriter`; only once an outcome is
+durable is it reported to the job, in batches per job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from datetime import timedelta
-from typing import Any, NamedTuple
-
-from pydantic import BaseModel
+from typing import Any
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
-from ..jobs.registry import Payload, TypeKind, TypeRegistry, trusted
-from ..jobs.state import (
-    JobKey,
-    JobStepProgress,
-    JobStepState,
-    StatusChange,
-    StepError,
-    StepLease,
-)
+from ..jobs.registry import TypeKind, TypeRegistry
+from ..jobs.state import JobKey, JobStepState
 from ..jobs.status import JobStepStatus
-from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
 from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import (
@@ -45,367 +30,20 @@ from .messages import (
     StopResult,
 )
 from .ports import JobReporter
-from .writer import StaleRecord, StepWriter, Tracked
+from .run import (
+    CallbackRejected,
+    RunKey,
+    StepMetrics,
+    StepRun,
+    SyncStepRunner,
+    payload_tuple,
+)
+from .writer import StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
-
-_DONE = JobStepProgress(percentage=100.0, message="")
-
 _MAX_DELIVERIES = 8
 """Report sends in flight at once, per worker."""
-
-
-class StepMetrics:
-    """What a worker counts; the Ray runtime sends it to Ray's metrics, tests ignore it."""
-
-    def step_started(self) -> None:
-        """A run began performing."""
-
-    def step_finished(self, status: JobStepStatus, seconds: float) -> None:
-        """A run's outcome is durable."""
-
-
-class CallbackRejected(ChoreographyError):
-    """Raised when step work calls back (checkpoint, progress) into a run that is over."""
-
-
-class SyncStepRunner:
-    """Runs a synchronous `perform` off the event loop: a thread here, a Ray task on Ray."""
-
-    def __init__(self, executor: Executor | None = None) -> None:
-        self._executor = executor or ThreadPoolExecutor(thread_name_prefix="choreography-step")
-        self.in_flight = 0
-
-    async def run(self, step: JobStep[Any, Any, Any], state: BaseModel, ctx: StepContext) -> Any:
-        self.in_flight += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, step.perform, state, ctx
-            )
-        finally:
-            self.in_flight -= 1
-
-    def close(self) -> None:
-        if isinstance(self._executor, ThreadPoolExecutor):
-            self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class RunKey(NamedTuple):
-    job_key: JobKey
-    job_id: str
-    step_id: str
-
-
-class StepRun(StepContext):
-    """One run of one step, and the context its work sees."""
-
-    def __init__(
-        self,
-        worker: StepWorker,
-        key: RunKey,
-        record: Tracked,
-        step_class: type[JobStep[Any, Any, Any]],
-        start: StepStart,
-    ) -> None:
-        self.worker = worker
-        self.key = key
-        self.record = record
-        self.step_class = step_class
-        self.job_id = key.job_id
-        self.step_id = key.step_id
-        self.attempt = start.attempt
-        self.generation = start.generation
-        self.closed = False
-        self._cancelled = False
-        self._cancel: asyncio.Event | None = None
-        self._removing = False
-        self.runner: asyncio.Task[Any] | None = None
-        """The task performing this run's async work, while it performs (to cancel it)."""
-        self._user_state: BaseModel | None = None
-        self._checkpoints = 0
-        self._unwritten = False
-        self._started: float | None = None
-        self.holds_slot = False
-        self.cancel_work: Callable[[], None] | None = None
-        """Set by a runner whose work runs elsewhere, to cancel it there."""
-        self._flush_timer: asyncio.Task[None] | None = None
-        self._done: asyncio.Future[None] | None = None
-        self._ended = False
-        self._report: StepReport | None = None
-
-    @property
-    def log(self) -> logging.LoggerAdapter[logging.Logger]:
-        """A logger that stamps the job and step ids (made when first needed)."""
-        return logging.LoggerAdapter(log, {"job_id": self.job_id, "step_id": self.step_id})
-
-    @property
-    def done(self) -> asyncio.Future[None]:
-        """Resolves when the run has ended (made when first needed)."""
-        if self._done is None:
-            self._done = asyncio.get_running_loop().create_future()
-            if self._ended:
-                self._done.set_result(None)
-        return self._done
-
-    # -- the context the work sees --------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise CallbackRejected(
-                f"step {self.step_id} of job {self.job_id}: the run is over",
-                code=ActivationCallbackRejected.CLOSED,
-            )
-
-    def checkpoint(self, state: BaseModel | None = None) -> None:
-        self.worker.call_soon(self._checkpoint, state)
-
-    def _checkpoint(self, state: BaseModel | None) -> None:
-        self._check_open()
-        if state is not None:
-            self._user_state = state
-        if self._user_state is None:
-            return
-        options = self.worker.options
-        self._set(state=self.worker.registry.dump(self._user_state))
-        self._checkpoints += 1
-        every = (
-            1
-            if self.step_class.checkpoint_after_every_batch
-            else (options.step_checkpoint_batch_interval)
-        )
-        if self._checkpoints % every == 0:
-            self._unwritten = False
-            self._write_later()
-            return
-        self._unwritten = True
-        if options.step_checkpoint_flush_interval > timedelta(0) and (
-            self._flush_timer is None or self._flush_timer.done()
-        ):
-            self._flush_timer = asyncio.get_running_loop().create_task(self._flush_later())
-
-    async def _flush_later(self) -> None:
-        await self.worker.clock.sleep(
-            self.worker.options.step_checkpoint_flush_interval.total_seconds()
-        )
-        if not self.closed and self._unwritten:
-            self._unwritten = False
-            self._write_later()
-
-    def progress(self, percentage: float, message: str = "") -> None:
-        self.worker.call_soon(self._progress, percentage, message)
-
-    def _progress(self, percentage: float, message: str) -> None:
-        self._check_open()
-        self._set(progress=JobStepProgress(percentage=float(percentage), message=message))
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    async def wait_cancelled(self) -> None:
-        if self._cancelled:
-            return
-        if self._cancel is None:
-            self._cancel = asyncio.Event()
-        await self._cancel.wait()
-
-    def now(self):  # type: ignore[no-untyped-def]
-        return self.worker.clock.now()
-
-    # -- the run ----------------------------------------------------------------------------
-
-    def _set(self, **changes: Any) -> None:
-        """Replace fields, never mutate them: a flush may be copying the record meanwhile.
-
-        Written straight into the record's fields: every value here is already valid, and
-        pydantic's attribute hook costs more than the rest of a no-op step."""
-        self.record.state.__dict__.update(changes)
-
-    def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
-        change = trusted(
-            StatusChange,
-            status=int(status),
-            occurred=self.worker.clock.now(),
-            exception_messages=list(error.messages) if error else [],
-            exception_stack_trace=error.stack_trace if error else "",
-        )
-        self._set(status=status, status_changes=[*self.record.state.status_changes, change])
-
-    def _write(self) -> asyncio.Future[None]:
-        return self.worker.writer_for(self.key.job_key).write(self.record)
-
-    def _write_later(self) -> None:
-        """Checkpoints and Running: the outcome's write, waited for, comes after them."""
-        self.worker.writer_for(self.key.job_key).write_later(self.record)
-
-    def cancel(self, removing: bool) -> None:
-        self._removing = self._removing or removing
-        self._cancelled = True
-        if self._cancel is not None:
-            self._cancel.set()
-        if self.closed:
-            return  # settling: its outcome is being written and will be reported
-        if self.cancel_work is not None:
-            self.cancel_work()
-        if self.runner is not None and not self.runner.done():
-            self.runner.cancel()  # set only while async work performs, so it lands there
-
-    async def execute(self) -> None:
-        """Perform, then settle. The outcome's write completes later, in `_written`: the task
-        that performed moves on to the next run at once."""
-        written = None
-        try:
-            written = await self._execute()
-        except Exception:
-            self.log.exception(
-                "run of step %s of job %s failed to settle", self.step_id, self.job_id
-            )
-        finally:
-            if written is None:
-                self._end()
-        if written is not None:
-            written.add_done_callback(self._written)
-
-    def _written(self, write: asyncio.Future[None]) -> None:
-        report, self._report = self._report, None
-        try:
-            write.result()
-        except StaleRecord:
-            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
-        except BaseException as error:
-            self.log.error(
-                "the outcome of step %s of job %s was not written: %s; the job recounts it "
-                "from storage",
-                self.step_id,
-                self.job_id,
-                error,
-            )
-        else:
-            if self._started is not None:
-                self.worker.metrics.step_finished(
-                    report.status, time.perf_counter() - self._started
-                )
-            self.worker.enqueue_report(self.key, report)
-        self._end()
-
-    def _end(self) -> None:
-        self.closed = True
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-        self.worker.release(self)
-        self._ended = True
-        if self._done is not None and not self._done.done():
-            self._done.set_result(None)
-
-    async def _execute(self) -> asyncio.Future[None] | None:
-        registry = self.worker.registry
-        step = self.step_class()
-        stored = self.record.state
-        user_state = registry.load(stored.state, TypeKind.STATE) if stored.state else None
-        self._user_state = user_state
-        if self.cancelled:
-            return self._settle_stopped(step)
-        lease = None
-        if self.worker.options.step_lease_timeout > timedelta(0):
-            lease = StepLease(
-                node=self.worker.node_id,
-                activation=self.worker.activation_id,
-                heartbeat=self.worker.clock.now(),
-            )
-        self._set(attempt=self.attempt, generation=self.generation, lease=lease, error=None)
-        self._status(JobStepStatus.RUNNING)
-        self._write_later()  # the outcome's write follows it in order, and is waited for
-        self._started = time.perf_counter()
-        self.worker.metrics.step_started()
-        try:
-            if self.step_class.is_async():
-                self.runner = asyncio.current_task()
-                try:
-                    result = await step.perform(self._user_state, self)
-                finally:
-                    self.runner = None
-            else:
-                result = await self.worker.sync_runner.run(step, self._user_state, self)
-        except (asyncio.CancelledError, StepCancelled):
-            if not self.cancelled:
-                raise
-            return self._settle_stopped(step)
-        except StepFailed as failure:
-            partial = step.wrap_result(failure.partial_result) if failure.partial_result else None
-            error = StepError(
-                messages=failure.messages,
-                stack_trace=traceback.format_exc(),
-                partial_result=registry.dump(partial) if partial is not None else None,
-                non_retryable=failure.non_retryable,
-            )
-            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-        except Exception as failure:
-            if self.cancelled and isinstance(failure, CallbackRejected):
-                return self._settle_stopped(step)
-            error = StepError(
-                messages=[f"{type(failure).__name__}: {failure}"],
-                stack_trace=traceback.format_exc(),
-            )
-            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-        wrapped = step.wrap_result(result)
-        return self._settle(
-            JobStepStatus.COMPLETED_SUCCESSFULLY,
-            result=registry.dump(wrapped) if wrapped is not None else None,
-        )
-
-    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None]:
-        partial = None
-        if self._user_state is not None:
-            try:
-                partial = step.wrap_result(
-                    step.create_cancelled_result_from_current_state(self._user_state)
-                )
-            except Exception:
-                self.log.exception("create_cancelled_result_from_current_state failed")
-        error = StepError(
-            messages=["stopped"],
-            cancelled=True,
-            partial_result=self.worker.registry.dump(partial) if partial is not None else None,
-        )
-        status = JobStepStatus.REMOVING if self._removing else JobStepStatus.STOPPED
-        return self._settle(status, error=error)
-
-    def release_slot(self) -> None:
-        """The work is over: its throttle slot goes to the next run at once, while this run's
-        outcome is still being written (the throttle bounds performing, not persisting)."""
-        if self.holds_slot:
-            self.holds_slot = False
-            self.worker._slot_done()
-
-    def _settle(
-        self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None
-    ) -> asyncio.Future[None]:
-        """Write the outcome; `_written` reports it once durable, so nothing is counted
-        unsaved."""
-        self.closed = True
-        self.release_slot()
-        if self._user_state is not None:
-            self._set(state=self.worker.registry.dump(self._user_state))
-        self._set(result=result, error=error, lease=None)
-        if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
-            self._set(progress=_DONE)
-        self._status(status, error)
-        stored = self.record.state
-        self._report = StepReport(
-            step_id=stored.id,
-            status=status,
-            generation=self.generation,
-            attempt=self.attempt,
-            stage=stored.stage,
-            name=stored.name,
-            result=_plain(
-                result if result is not None else (error.partial_result if error else None)
-            ),
-            error=error,
-            non_retryable=bool(error and error.non_retryable),
-        )
-        return self._write()
 
 
 class StepWorker:
@@ -718,10 +356,6 @@ async def _call(fn: Callable[..., None], *args: Any) -> None:
     fn(*args)
 
 
-def _plain(payload: Payload | None) -> tuple[str, Any] | None:
-    return None if payload is None else (payload.type, payload.data)
-
-
 def _failed(step_id: str, reason: str) -> StartResult:
     return StartResult(step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, reason)
 
@@ -739,7 +373,9 @@ def _finished_report(state: JobStepState) -> StepReport | None:
             attempt=state.attempt,
             stage=state.stage,
             name=state.name,
-            result=_plain(state.result or (state.error.partial_result if state.error else None)),
+            result=payload_tuple(
+                state.result or (state.error.partial_result if state.error else None)
+            ),
             error=state.error,
             non_retryable=bool(state.error and state.error.non_retryable),
         )

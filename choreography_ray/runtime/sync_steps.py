@@ -16,7 +16,7 @@ import ray
 from pydantic import BaseModel
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..engine.worker import StepRun
+from ..engine.run import StepRun
 from ..jobs.registry import TypeKind, default_registry
 from ..jobs.state import JobKey
 from ..jobs.step import JobStep, StepContext

@@ -24,7 +24,8 @@ from ..engine.context import EngineContext
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import StartResult, StepReport, StepStart, StopRequest, StopResult
-from ..engine.worker import StepWorker, SyncStepRunner
+from ..engine.run import SyncStepRunner
+from ..engine.worker import StepWorker
 from ..jobs.errors import JobNotFoundError
 from ..jobs.job import Job
 from ..jobs.options import JobsOptions

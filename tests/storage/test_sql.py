@@ -37,14 +37,9 @@ from choreography_ray.jobs import (
     VersionConflictError,
 )
 from choreography_ray.storage import JobQuery, open_storage
-from choreography_ray.storage.sql import (
-    _QUICK_BATCH,
-    INDEXES,
-    VERSION_TABLE,
-    SqlStorage,
-    is_transient_error,
-    metadata,
-)
+from choreography_ray.storage.sql import SqlStorage, is_transient_error
+from choreography_ray.storage.sql_records import QUICK_BATCH
+from choreography_ray.storage.sql_schema import INDEXES, VERSION_TABLE, metadata
 
 from .sql_support import drop_schema, with_schema
 from .support import POSTGRES_ENV, env
@@ -628,10 +623,10 @@ def test_writes_up_to_a_batch_limit_run_inline_and_larger_batches_on_the_thread(
     storage = sqlite_provider.for_key(KEY)
     assert run(storage.jobs.save(job())) == 1
     assert run(storage.steps.save(step("one"))) == 1
-    run(storage.steps.save_many([step(f"s{n}") for n in range(_QUICK_BATCH)]))
+    run(storage.steps.save_many([step(f"s{n}") for n in range(QUICK_BATCH)]))
     assert submitted == []  # no thread hop: the GIL is not handed back and forth per row
     run(sqlite_provider.housekeeping())
-    run(storage.steps.save_many([step(f"t{n}") for n in range(_QUICK_BATCH + 1)]))
+    run(storage.steps.save_many([step(f"t{n}") for n in range(QUICK_BATCH + 1)]))
     assert submitted == ["_save_many"]
 
 

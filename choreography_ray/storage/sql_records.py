@@ -1,0 +1,491 @@
+"""Job and step records in SQL: one partition's reads and compare-and-set writes.
+
+`SqlStorage` (sql.py) owns connections, threads and transactions; these classes turn the
+storage protocol's calls into statements over the tables of `sql_schema`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    delete,
+    func,
+    not_,
+    select,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..jobs.errors import VersionConflictError
+from ..jobs.state import JobKey, JobState, JobStepState
+from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
+from .codec import (
+    RecordCodec,
+    check_batch,
+    check_id,
+    check_job_key,
+    not_found_job,
+    not_found_step,
+    to_micros,
+)
+from .protocols import JobQuery
+from .sql_schema import jobs_table, steps_table
+
+if TYPE_CHECKING:
+    from .sql import SqlStorage
+
+QUICK_BATCH = 2000
+"""Batches up to this size may run inline on the event loop (SQLite), blocking it for tens of
+milliseconds at most. On the provider's thread, a batch competes for the GIL with a busy
+event loop row by row (sqlite3 releases the GIL around each row): measured under a host
+running steps, a 1,000-row flush took over a second that way, and outcomes waited for it."""
+
+# Conflicting step ids are looked up in chunks of this many, well below any bind limit.
+_LOOKUP_CHUNK = 500
+# A SQLite batch of this many records leaves the checkpoint of the log for after its answer.
+_DEFERRED_CHECKPOINT_ROWS = 1000
+# A PostgreSQL steps table without statistics is analyzed after a batch inserts this many.
+ANALYZE_AFTER = 1000
+# A batch that lost and then finds no conflict (the record moved back meanwhile) is tried again.
+_BATCH_ATTEMPTS = 3
+
+_TERMINAL = tuple(sorted(int(s) for s in TERMINAL_JOB_STATUSES))
+_KEPT_STEPS = (int(JobStepStatus.COMPLETED_WITH_FAILURE), int(JobStepStatus.FAILED))
+
+
+class _Base:
+    def __init__(self, provider: SqlStorage, key: JobKey) -> None:
+        self.provider = provider
+        self.key = key
+        self._codec: RecordCodec = provider.codec
+        self._sql = provider.sql
+        self._run = provider.run
+        self._quick = provider.run_quick
+        self._read = provider.run_read
+
+
+# --------------------------------------------------------------------------------------------
+# Jobs
+
+
+class SqlJobStorage(_Base):
+    async def get(self, job_id: str) -> JobState:
+        state = await self.find(job_id)
+        if state is None:
+            raise not_found_job(job_id, self.key)
+        return state
+
+    async def find(self, job_id: str) -> JobState | None:
+        check_id(job_id, "job id")
+        row = await self._quick(self._find, job_id)
+        if row is None:
+            return None
+        return self._codec.decode_job(row[1], row[0], job_id)
+
+    def _find(self, job_id: str) -> tuple[int, str] | None:
+        with self.provider.autocommit() as connection:
+            row = connection.exec_driver_sql(
+                self._sql.find_job, (self.key.scope, self.key.namespace, job_id)
+            ).first()
+        return None if row is None else (row[0], row[1])
+
+    async def save(self, state: JobState) -> int:
+        check_id(state.id, "job id")
+        check_job_key(state, self.key)
+        return await self._quick(self._save, state)
+
+    def _save(self, state: JobState) -> int:
+        document = self._codec.encode_job(state)
+        scope, namespace = self.key.scope, self.key.namespace
+        expected = state.version
+        columns = (
+            state.type,
+            int(state.status),
+            to_micros(state.created),
+            state.stop_finalized,
+        )
+        with self.provider.autocommit() as connection:
+            if expected == 0:
+                written = connection.exec_driver_sql(
+                    self._sql.insert_job, (scope, namespace, state.id, *columns, document)
+                ).rowcount
+            else:
+                written = 0
+                key = (scope, namespace, state.id, expected)
+                if self.provider.is_sqlite:
+                    written = connection.exec_driver_sql(
+                        self._sql.update_job_record, (expected + 1, document, *key, *columns)
+                    ).rowcount
+                if not written:
+                    written = connection.exec_driver_sql(
+                        self._sql.update_job, (*columns, expected + 1, document, *key)
+                    ).rowcount
+            if written != 1:
+                stored = connection.exec_driver_sql(
+                    self._sql.job_version, (scope, namespace, state.id)
+                ).scalar()
+                raise VersionConflictError(
+                    f"job {state.id!r}: stored version is {stored or 0}, write expected {expected}",
+                    [state.id],
+                )
+        return expected + 1
+
+    async def remove(self, job_id: str) -> bool:
+        check_id(job_id, "job id")
+        return await self._quick(self._delete, self._where(jobs_table.c.id == job_id)) > 0
+
+    async def remove_terminal(self, job_id: str) -> bool:
+        check_id(job_id, "job id")
+        where = self._where(jobs_table.c.id == job_id, jobs_table.c.status.in_(_TERMINAL))
+        return await self._run(self._delete, where) > 0
+
+    def _delete(self, where: ColumnElement[bool]) -> int:
+        with self.provider.autocommit() as connection:
+            return connection.execute(delete(jobs_table).where(where)).rowcount
+
+    def _where(self, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:
+        return and_(
+            jobs_table.c.scope == self.key.scope,
+            jobs_table.c.namespace == self.key.namespace,
+            *conditions,
+        )
+
+    def _matching(self, query: JobQuery) -> ColumnElement[bool]:
+        conditions = []
+        if query.type is not None:
+            conditions.append(jobs_table.c.type == query.type)
+        if query.statuses:
+            conditions.append(jobs_table.c.status.in_(sorted(int(s) for s in query.statuses)))
+        if query.created_before is not None:
+            conditions.append(jobs_table.c.created < to_micros(query.created_before))
+        return self._where(*conditions)
+
+    async def query(self, query: JobQuery | None = None) -> list[JobState]:
+        query = query or JobQuery()
+        statement = (
+            select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
+            .where(self._matching(query))
+            .order_by(jobs_table.c.created, jobs_table.c.id)
+        )
+        if query.skip:
+            statement = statement.offset(query.skip)
+        if query.take > 0:
+            statement = statement.limit(query.take)
+        return await self._run(self._decoded, statement)
+
+    async def count(self, query: JobQuery | None = None) -> int:
+        statement = (
+            select(func.count()).select_from(jobs_table).where(self._matching(query or JobQuery()))
+        )
+        return await self._run(_scalar, self.provider, statement)
+
+    async def get_jobs_excluding_finalized_stops(
+        self, statuses: Iterable[JobStatus]
+    ) -> list[JobState]:
+        wanted = sorted({int(s) for s in statuses})
+        if not wanted:
+            return []
+        statement = (
+            select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
+            .where(
+                self._where(
+                    jobs_table.c.status.in_(wanted),
+                    not_(
+                        and_(
+                            jobs_table.c.status == int(JobStatus.STOPPED),
+                            jobs_table.c.stop_finalized,
+                        )
+                    ),
+                )
+            )
+            .order_by(jobs_table.c.created, jobs_table.c.id)
+        )
+        return await self._run(self._decoded, statement)
+
+    def _decoded(self, statement: Any) -> list[JobState]:
+        with self.provider.autocommit() as connection:
+            rows = connection.execute(statement).all()
+        decode = self._codec.decode_job_or_skip
+        decoded = (decode(document, version, job_id) for job_id, version, document in rows)
+        return [state for state in decoded if state is not None]
+
+
+def _scalar(provider: SqlStorage, statement: Any) -> int:
+    with provider.autocommit() as connection:
+        return int(connection.execute(statement).scalar() or 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Steps
+
+
+class SqlJobStepStorage(_Base):
+    async def get(self, job_id: str, step_id: str) -> JobStepState:
+        state = await self.find(job_id, step_id)
+        if state is None:
+            raise not_found_step(job_id, step_id, self.key)
+        return state
+
+    async def find(self, job_id: str, step_id: str) -> JobStepState | None:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        row = await self._quick(self._find, job_id, step_id)
+        if row is None:
+            return None
+        return self._codec.decode_step(row[1], row[0], step_id)
+
+    def _find(self, job_id: str, step_id: str) -> tuple[int, str] | None:
+        with self.provider.autocommit() as connection:
+            row = connection.exec_driver_sql(
+                self._sql.find_step, (self.key.scope, self.key.namespace, job_id, step_id)
+            ).first()
+        return None if row is None else (row[0], row[1])
+
+    async def save(self, state: JobStepState) -> int:
+        return (await self.save_many([state]))[0]
+
+    async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
+        if not states:
+            return []
+        check_batch(states)
+        run = self._quick if len(states) <= QUICK_BATCH else self._run
+        return await run(self._save_many, list(states))
+
+    def _save_many(self, states: list[JobStepState]) -> list[int]:
+        scope, namespace = self.key.scope, self.key.namespace
+        encode = self._codec.encode_step
+        inserts: list[tuple[Any, ...]] = []
+        updates: list[tuple[Any, ...]] = []
+        for state in states:
+            document = encode(state)
+            if state.version == 0:
+                inserts.append(
+                    (
+                        scope,
+                        namespace,
+                        state.job_id,
+                        state.id,
+                        state.type,
+                        state.name,
+                        state.stage,
+                        int(state.status),
+                        document,
+                    )
+                )
+            else:
+                updates.append(
+                    (
+                        state.type,
+                        state.name,
+                        state.stage,
+                        int(state.status),
+                        state.version + 1,
+                        document,
+                        scope,
+                        namespace,
+                        state.job_id,
+                        state.id,
+                        state.version,
+                    )
+                )
+        for _ in range(_BATCH_ATTEMPTS):
+            if self._write_batch(inserts, updates):
+                if len(inserts) >= ANALYZE_AFTER and not self.provider._steps_have_statistics:
+                    self.provider.analyze_new_steps()
+                return [state.version + 1 for state in states]
+            # Nothing was written. Say which records lost; if none does any more (a record
+            # went back to the version read, say by removal), the batch may go through now.
+            conflicts = self._conflicts(states)
+            if conflicts:
+                break
+        else:
+            conflicts = [state.id for state in states]
+        raise VersionConflictError(
+            f"{len(conflicts)} step record(s) changed since they were read "
+            f"(first: {conflicts[0]!r}); nothing of the batch was written",
+            conflicts,
+        )
+
+    def _write_batch(self, inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]) -> bool:
+        """Apply the batch in one transaction; False (and nothing written) if any record lost.
+
+        A batch of one record is one statement, which needs no transaction of its own.
+        """
+        count = len(inserts) + len(updates)
+        single = count == 1
+        unit = (
+            self.provider.autocommit()
+            if single
+            else self.provider.transaction(defer_checkpoint=count >= _DEFERRED_CHECKPOINT_ROWS)
+        )
+        try:
+            with unit as connection:
+                insert = self._sql.insert_step
+                if inserts and _execute(connection, insert, inserts) != len(inserts):
+                    raise _Lost
+                if updates:
+                    if single and self.provider.is_sqlite:
+                        written = self._update_one(connection, updates[0])
+                    else:
+                        written = _execute(connection, self._sql.update_step, updates)
+                    if written != len(updates):
+                        raise _Lost
+        except _Lost:  # the transaction rolled back
+            return False
+        return True
+
+    def _update_one(self, connection: Connection, full: tuple[Any, ...]) -> int:
+        """One SQLite update: first setting only the record, in case the indexed columns stay."""
+        if _execute(connection, self._sql.update_step_record, [_record_only(full)]):
+            return 1
+        return _execute(connection, self._sql.update_step, [full])
+
+    def _conflicts(self, states: list[JobStepState]) -> list[str]:
+        stored = self._stored_versions([(state.job_id, state.id) for state in states])
+        return [
+            state.id for state in states if stored.get((state.job_id, state.id), 0) != state.version
+        ]
+
+    def _stored_versions(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        by_job: dict[str, list[str]] = {}
+        for job_id, step_id in pairs:
+            by_job.setdefault(job_id, []).append(step_id)
+        c = steps_table.c
+        found: dict[tuple[str, str], int] = {}
+        with self.provider.autocommit() as connection:
+            for job_id, step_ids in by_job.items():
+                for step_id, version in self._select(connection, job_id, step_ids, c.version):
+                    found[(job_id, step_id)] = version
+        return found
+
+    def _select(
+        self, connection: Connection, job_id: str, step_ids: list[str], *columns: Any
+    ) -> Iterator[Any]:
+        """(step_id, *columns) of those of the job's steps that exist, in chunks of ids."""
+        c = steps_table.c
+        statement = select(c.step_id, *columns).where(
+            c.scope == self.key.scope,
+            c.namespace == self.key.namespace,
+            c.job_id == job_id,
+            c.step_id.in_(bindparam("step_ids", expanding=True)),
+        )
+        for start in range(0, len(step_ids), _LOOKUP_CHUNK):
+            chunk = step_ids[start : start + _LOOKUP_CHUNK]
+            yield from connection.execute(statement, {"step_ids": chunk})
+
+    async def get_many(self, job_id: str, step_ids: Sequence[str]) -> list[JobStepState]:
+        """The asked steps that exist, in the order asked; unreadable records left out."""
+        check_id(job_id, "job id")
+        wanted = [check_id(step_id, "step id") for step_id in step_ids]
+        if not wanted:
+            return []
+        return await self._read(self._get_many, job_id, wanted)
+
+    def _get_many(self, job_id: str, step_ids: list[str]) -> list[JobStepState]:
+        c = steps_table.c
+        unique = list(dict.fromkeys(step_ids))
+        with self.provider.autocommit() as connection:
+            rows = {
+                step_id: (version, document)
+                for step_id, version, document in self._select(
+                    connection, job_id, unique, c.version, c.state
+                )
+            }
+        decode = self._codec.decode_step_or_skip
+        found = []
+        for step_id in step_ids:
+            row = rows.get(step_id)
+            if row is not None:
+                state = decode(row[1], row[0], step_id)
+                if state is not None:
+                    found.append(state)
+        return found
+
+    def _where(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> ColumnElement[bool]:
+        c = steps_table.c
+        conditions = [c.scope == self.key.scope, c.namespace == self.key.namespace]
+        conditions.append(c.job_id == job_id)
+        if statuses is not None:
+            conditions.append(c.status.in_(sorted({int(s) for s in statuses})))
+        return and_(*conditions)
+
+    async def get_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        check_id(job_id, "job id")
+        c = steps_table.c
+        statement = (
+            select(c.step_id, c.version, c.state)
+            .where(self._where(job_id, statuses))
+            .order_by(c.stage, c.step_id)
+        )
+        return await self._run(self._decoded, statement)
+
+    def _decoded(self, statement: Any) -> list[JobStepState]:
+        with self.provider.autocommit() as connection:
+            rows = connection.execute(statement).all()
+        decode = self._codec.decode_step_or_skip
+        decoded = (decode(document, version, step_id) for step_id, version, document in rows)
+        return [state for state in decoded if state is not None]
+
+    async def count_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> int:
+        check_id(job_id, "job id")
+        statement = (
+            select(func.count()).select_from(steps_table).where(self._where(job_id, statuses))
+        )
+        return await self._run(_scalar, self.provider, statement)
+
+    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
+        check_id(job_id, "job id")
+        c = steps_table.c
+        statement = select(c.status, func.count()).where(self._where(job_id)).group_by(c.status)
+        rows = await self._run(self._rows, statement)
+        return {JobStepStatus(status): count for status, count in rows}
+
+    def _rows(self, statement: Any) -> list[tuple[Any, ...]]:
+        with self.provider.autocommit() as connection:
+            return [tuple(row) for row in connection.execute(statement)]
+
+    async def remove(self, job_id: str, step_id: str) -> bool:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        where = and_(self._where(job_id), steps_table.c.step_id == step_id)
+        return await self._run(self._delete, where) > 0
+
+    async def remove_all_for_job(self, job_id: str) -> int:
+        check_id(job_id, "job id")
+        return await self._run(self._delete, self._where(job_id))
+
+    async def remove_all_non_failed_for_job(self, job_id: str) -> int:
+        check_id(job_id, "job id")
+        where = and_(self._where(job_id), steps_table.c.status.not_in(_KEPT_STEPS))
+        return await self._run(self._delete, where)
+
+    def _delete(self, where: ColumnElement[bool]) -> int:
+        with self.provider.autocommit() as connection:
+            return connection.execute(delete(steps_table).where(where)).rowcount
+
+
+def _record_only(full: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The parameters of `update_step_record` from those of `update_step`."""
+    type_, name, stage, status, version, document, scope, namespace, job_id, step_id, read = full
+    return (name, stage, version, document, scope, namespace, job_id, step_id, read, status, type_)
+
+
+class _Lost(Exception):
+    """A compare-and-set of a batch lost: roll the transaction back."""
+
+
+def _execute(connection: Connection, statement: str, rows: list[tuple[Any, ...]]) -> int:
+    """Run `statement` once per row in one executemany; how many rows it changed."""
+    if len(rows) == 1:
+        return connection.exec_driver_sql(statement, rows[0]).rowcount
+    return connection.exec_driver_sql(statement, rows).rowcount

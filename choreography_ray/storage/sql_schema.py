@@ -1,0 +1,141 @@
+"""The SQL schema as queries see it: tables, their indexes, and the hot-path statements.
+
+The migrations in ./migrations create it; a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+
+VERSION_TABLE = "choreography_alembic_version"
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+# --------------------------------------------------------------------------------------------
+# Schema, as queries see it. The migrations in ./migrations create it; a test checks the two
+# agree.
+
+
+def _key(length: int = 200) -> Any:
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
+
+
+INDEXES: dict[str, dict[str, list[str]]] = {
+    "choreography_jobs": {
+        "ix_choreography_jobs_status": ["scope", "namespace", "status"],
+        "ix_choreography_jobs_type": ["scope", "namespace", "type"],
+        "ix_choreography_jobs_stop": ["scope", "namespace", "status", "stop_finalized"],
+        "ix_choreography_jobs_created": ["scope", "namespace", "created"],
+    },
+    "choreography_job_steps": {
+        "ix_choreography_job_steps_job_status": ["scope", "namespace", "job_id", "status"],
+    },
+}
+"""The secondary indexes the migrations create, by table."""
+
+
+def _indexes(table: str) -> list[Index]:
+    return [Index(name, *columns) for name, columns in INDEXES[table].items()]
+
+
+metadata = MetaData()
+
+jobs_table = Table(
+    "choreography_jobs",
+    metadata,
+    Column("scope", _key(), nullable=False),
+    Column("namespace", _key(), nullable=False),
+    Column("id", _key(), nullable=False),
+    Column("type", _key(256), nullable=False),
+    Column("status", Integer(), nullable=False),
+    Column("created", BigInteger(), nullable=False),
+    Column("stop_finalized", Boolean(), nullable=False),
+    Column("version", BigInteger(), nullable=False),
+    Column("state", Text(), nullable=False),
+    PrimaryKeyConstraint("scope", "namespace", "id", name="pk_choreography_jobs"),
+    *_indexes("choreography_jobs"),
+)
+
+steps_table = Table(
+    "choreography_job_steps",
+    metadata,
+    Column("scope", _key(), nullable=False),
+    Column("namespace", _key(), nullable=False),
+    Column("job_id", _key(), nullable=False),
+    Column("step_id", _key(), nullable=False),
+    Column("type", _key(256), nullable=False),
+    Column("name", Text(), nullable=False),
+    Column("stage", Integer(), nullable=False),
+    Column("status", Integer(), nullable=False),
+    Column("version", BigInteger(), nullable=False),
+    Column("state", Text(), nullable=False),
+    PrimaryKeyConstraint(
+        "scope", "namespace", "job_id", "step_id", name="pk_choreography_job_steps"
+    ),
+    *_indexes("choreography_job_steps"),
+)
+
+
+class Statements:
+    """The hot-path statements, in the driver's own parameter style."""
+
+    def __init__(self, mark: str) -> None:
+        p = mark
+        jobs = "choreography_jobs"
+        steps = "choreography_job_steps"
+        self.insert_job = (
+            f"INSERT INTO {jobs} (scope, namespace, id, type, status, created, stop_finalized, "
+            f"version, state) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
+            "ON CONFLICT DO NOTHING"
+        )
+        self.update_job = (
+            f"UPDATE {jobs} SET type = {p}, status = {p}, created = {p}, stop_finalized = {p}, "
+            f"version = {p}, state = {p} "
+            f"WHERE scope = {p} AND namespace = {p} AND id = {p} AND version = {p}"
+        )
+        # SQLite rewrites the index entries of every column a statement sets, changed or not;
+        # most writes change only the record, so try setting just that first.
+        self.update_job_record = (
+            f"UPDATE {jobs} SET version = {p}, state = {p} "
+            f"WHERE scope = {p} AND namespace = {p} AND id = {p} AND version = {p} "
+            f"AND type = {p} AND status = {p} AND created = {p} AND stop_finalized = {p}"
+        )
+        self.job_version = (
+            f"SELECT version FROM {jobs} WHERE scope = {p} AND namespace = {p} AND id = {p}"
+        )
+        self.find_job = (
+            f"SELECT version, state FROM {jobs} WHERE scope = {p} AND namespace = {p} AND id = {p}"
+        )
+        self.insert_step = (
+            f"INSERT INTO {steps} (scope, namespace, job_id, step_id, type, name, stage, status, "
+            f"version, state) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
+            "ON CONFLICT DO NOTHING"
+        )
+        self.update_step = (
+            f"UPDATE {steps} SET type = {p}, name = {p}, stage = {p}, status = {p}, "
+            f"version = {p}, state = {p} WHERE scope = {p} AND namespace = {p} "
+            f"AND job_id = {p} AND step_id = {p} AND version = {p}"
+        )
+        self.update_step_record = (
+            f"UPDATE {steps} SET name = {p}, stage = {p}, version = {p}, state = {p} "
+            f"WHERE scope = {p} AND namespace = {p} AND job_id = {p} AND step_id = {p} "
+            f"AND version = {p} AND status = {p} AND type = {p}"
+        )
+        self.find_step = (
+            f"SELECT version, state FROM {steps} "
+            f"WHERE scope = {p} AND namespace = {p} AND job_id = {p} AND step_id = {p}"
+        )
