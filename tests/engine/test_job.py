@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from choreography_ray.engine.messages import StartOutcome, StartResult
@@ -17,6 +19,7 @@ from choreography_ray.jobs import (
     StopJobFailed,
 )
 from choreography_ray.jobs.errors import CannotResumeJobError, RemoveJobError, RemoveJobFailed
+from choreography_ray.testing import InProcessCluster
 
 from .fixtures import ClearingJob, RetryingJob, ScenarioJob, WindowJob, request
 
@@ -649,3 +652,67 @@ def test_a_missing_job_cannot_be_resumed_from_a_plan_it_never_saved(run, cluster
     with pytest.raises(ResumeJobFailed) as raised:
         run(scenario())
     assert raised.value.code == CannotResumeJobError.MISSING_STEP_PLAN
+
+
+class _HeldDispatch:
+    """Holds the answers of start batches after the worker took them, until released."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.release = asyncio.Event()
+        self.taken = asyncio.Event()
+        real = cluster.start_steps
+
+        async def start_steps(*args):
+            answer = await real(*args)
+            self.taken.set()
+            await self.release.wait()
+            return answer
+
+        cluster.start_steps = start_steps
+
+
+def test_outcomes_are_counted_while_the_dispatch_is_still_unanswered(run, cluster, script):
+    held = _HeldDispatch(cluster)
+
+    async def scenario():
+        starting = asyncio.ensure_future(
+            cluster.start(ScenarioJob, request("a", "b"), job_id="held")
+        )
+        await held.taken.wait()
+        await cluster.settle()  # the steps run, their outcomes are written and reported
+        counted = (await cluster.manager().get("held")).progress.successful_steps
+        answered = starting.done()
+        held.release.set()
+        result = await starting
+        return counted, answered, result, await cluster.wait("held")
+
+    counted, answered, result, state = run(scenario())
+    assert (counted, answered) == (2, False)
+    assert result.error is None
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 2
+
+
+def test_a_stop_while_the_dispatch_is_unanswered_stops_the_job_and_start_returns(
+    run, cluster, script
+):
+    held = _HeldDispatch(cluster)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        starting = asyncio.ensure_future(cluster.start(ScenarioJob, request("a"), job_id="held"))
+        await held.taken.wait()
+        stopping = asyncio.ensure_future(cluster.manager().stop("held"))
+        await cluster.settle()
+        stopped_first = stopping.done()
+        held.release.set()
+        result = await starting
+        await stopping
+        return stopped_first, result, await cluster.wait("held")
+
+    stopped_first, result, state = run(scenario())
+    assert stopped_first  # the stop did not wait for the dispatch's answer
+    assert result.error is None
+    assert state.status == JobStatus.STOPPED
+    assert state.stop_finalized
+    assert state.progress.stopped_steps == 1

@@ -552,3 +552,21 @@ def test_the_idempotency_key_is_the_same_across_retries(run, cluster, script, co
     assert first["idempotency_key"] == second["idempotency_key"]
     assert first["idempotency_key"] == f"{job_id}/{first['step_id']}"
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+@pytest.mark.parametrize("options", [JobsOptions(max_parallel_steps=1)])
+def test_a_run_stopped_in_its_work_frees_its_runner_for_the_next_queued_step(run, cluster, script):
+    async def scenario():
+        script.behaviour["a"].block = True
+        first = await started(cluster, ScenarioJob, "a")
+        second = await started(cluster, ScenarioJob, "b")  # queued behind "a": one slot
+        queued = [k for k, _ in script.runs]
+        await cluster.manager().stop(first)
+        return queued, await cluster.wait(first), await cluster.wait(second)
+
+    queued, first, second = run(scenario())
+    assert queued == ["a"]
+    assert first.status == JobStatus.STOPPED
+    # The runner that was cancelled inside "a" goes on to "b", and "b" is not cancelled.
+    assert second.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert [k for k, _ in script.runs] == ["a", "b"]
