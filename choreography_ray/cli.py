@@ -279,6 +279,9 @@ def bench(
     steps: Annotated[int, typer.Option(min=10, help="Steps of each fan-out job.")] = 1000,
     runs: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 3,
     tuned: Annotated[int, typer.Option(min=1, help="max_parallel_steps of the tuned hosts.")] = 256,
+    workers_per_node: Annotated[
+        int, typer.Option(min=1, help="Worker host processes of the tuned configuration.")
+    ] = 1,
 ) -> None:
     """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray."""
     import tempfile
@@ -288,12 +291,15 @@ def bench(
     from . import bench as fanout
     from .runtime import connect, stop_hosts
 
-    table = Table("", "steps/s (median)", "vs plain Ray", "p50 latency s", "p99 latency s")
+    table = Table("", "steps/s", "vs plain Ray", "p50 latency s", "p99 latency s")
     with tempfile.TemporaryDirectory() as workdir:
         ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         try:
             configs = {}
-            for name, parallel in (("default", None), ("tuned", tuned)):
+            for name, parallel, workers in (
+                ("default", None, 1),
+                ("tuned", tuned, workers_per_node),
+            ):
                 url = f"sqlite:///{workdir}/{name}.db"
                 configs[name] = (
                     connect(
@@ -301,6 +307,7 @@ def bench(
                         namespace=f"bench-{name}",
                         modules=[fanout.__name__],
                         max_parallel_steps=parallel,
+                        workers_per_node=workers,
                     ),
                     url,
                 )
@@ -310,9 +317,7 @@ def bench(
             for name, (jobs, url) in configs.items():
                 results = [fanout.run_fanout(jobs, steps, url, name) for _ in range(runs)]
                 middle = sorted(results, key=lambda r: r.rate)[len(results) // 2]
-                label = "choreography_ray" + (
-                    " (default options)" if name == "default" else f" (max_parallel_steps={tuned})"
-                )
+                label = f"choreography_ray {name}"
                 table.add_row(
                     label,
                     f"{middle.rate:,.0f}",
@@ -324,8 +329,12 @@ def bench(
             for name in ("default", "tuned"):
                 stop_hosts(f"bench-{name}")
             ray.shutdown()
-    console.print(f"fan-out of {steps} no-op steps, SQLite, {runs} run(s) each")
+    hosts = f", {workers_per_node} worker hosts per node" if workers_per_node > 1 else ""
+    console.print(f"fan-out of {steps} no-op steps, SQLite, medians of {runs} run(s) each")
     console.print(table)
+    console.print(
+        f"default: the default options; tuned: max_parallel_steps={tuned}{hosts}", soft_wrap=True
+    )
 
 
 # -- jobs ------------------------------------------------------------------------------------------

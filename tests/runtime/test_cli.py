@@ -114,3 +114,30 @@ def test_up_reports_a_module_that_cannot_be_imported(jobs):
     result = runner.invoke(app, ["up", "--module", "no_such_module_either"])
     assert result.exit_code == 1
     assert "could not import job module(s): no_such_module_either" in result.output
+
+
+def test_bench_prints_the_fan_out_table_beside_plain_ray(tmp_path):
+    # Its own local Ray, so a process of its own: this module's Ray is already up.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "choreography_ray.cli",
+            "bench",
+            "--steps",
+            "50",
+            "--runs",
+            "1",
+            "--workers-per-node",
+            "2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fan-out of 50 no-op steps, SQLite, medians of 1 run(s)" in done.stdout
+    assert "plain Ray tasks" in done.stdout
+    assert "choreography_ray" in done.stdout and "default" in done.stdout
+    assert "tuned: max_parallel_steps=256, 2 worker hosts per node" in done.stdout
