@@ -161,12 +161,7 @@ class TypeRegistry:
         name = self._by_class.get(type(value))
         if name is None:
             name = self.name_of(type(value))  # raises, naming the class
-        payload = _new_payload(Payload)  # trusted: see `trusted`
-        _set(payload, "__dict__", {"type": name, "data": value.model_dump(mode="json")})
-        _set(payload, "__pydantic_fields_set__", {"type", "data"})
-        _set(payload, "__pydantic_extra__", None)
-        _set(payload, "__pydantic_private__", None)
-        return payload
+        return trusted(Payload, type=name, data=value.model_dump(mode="json"))
 
     def load(self, payload: Payload, kind: TypeKind | str | None = None) -> Any:
         """Rebuild the model instance a payload holds, through the registry only."""
@@ -190,10 +185,6 @@ class TypeRegistry:
             entry = self._by_name.pop(name, None)
             if entry is not None:
                 self._by_class.pop(entry[1], None)
-
-
-_new_payload = Payload.__new__
-_set = object.__setattr__
 
 
 def _kind(kind: TypeKind | str) -> TypeKind:

@@ -13,7 +13,7 @@ import gc
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -392,22 +392,19 @@ class RayReporter:
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
         name = self.controllers.get((job_key, job_id))
         packed = pack_reports(reports)
+
+        def candidates() -> Iterator[str]:
+            if name is not None:
+                yield name
+            # Listing the hosts asks Ray's control store: only once the known one failed.
+            yield from (n for n in self.routes.alive_names("choreography:controller:") if n != name)
+
         last: BaseException | None = None
-        if name is not None:
-            try:
-                await self.routes.get(name).deliver.remote(job_key, job_id, packed)
-                return
-            except Exception as error:  # that host is gone: any live one takes the job over
-                self.routes.forget(name)
-                last = error
-        # Listing the hosts asks Ray's control store: only when the known host did not answer.
-        for candidate in self.routes.alive_names("choreography:controller:"):
-            if candidate == name:
-                continue
+        for candidate in candidates():
             try:
                 await self.routes.get(candidate).deliver.remote(job_key, job_id, packed)
                 return
-            except Exception as error:
+            except Exception as error:  # that host is gone: any live one takes the job over
                 self.routes.forget(candidate)
                 last = error
         raise ConnectionError(f"no controller host took the outcomes of job {job_id}: {last}")

@@ -187,6 +187,36 @@ def not_found_step(job_id: str, step_id: str, key: JobKey) -> RecordNotFoundErro
     )
 
 
+class JobLookup:
+    """`get` for a provider's job storage: its `find`, or the not-found error all raise alike."""
+
+    key: JobKey
+
+    async def find(self, job_id: str) -> JobState | None:
+        raise NotImplementedError
+
+    async def get(self, job_id: str) -> JobState:
+        state = await self.find(job_id)
+        if state is None:
+            raise not_found_job(job_id, self.key)
+        return state
+
+
+class StepLookup:
+    """`get` for a provider's step storage: its `find`, or the not-found error all raise alike."""
+
+    key: JobKey
+
+    async def find(self, job_id: str, step_id: str) -> JobStepState | None:
+        raise NotImplementedError
+
+    async def get(self, job_id: str, step_id: str) -> JobStepState:
+        state = await self.find(job_id, step_id)
+        if state is None:
+            raise not_found_step(job_id, step_id, self.key)
+        return state
+
+
 def check_job_key(state: JobState, key: JobKey) -> None:
     if state.key != key:
         raise ValueError(

@@ -19,12 +19,12 @@ from ..jobs.registry import TypeRegistry
 from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
+    JobLookup,
     RecordCodec,
+    StepLookup,
     check_batch,
     check_id,
     check_job_key,
-    not_found_job,
-    not_found_step,
     to_micros,
 )
 from .protocols import JobQuery, JobsStorage, StorageCapabilities
@@ -118,13 +118,7 @@ class _Base:
         self._codec = codec
 
 
-class MemoryJobStorage(_Base):
-    async def get(self, job_id: str) -> JobState:
-        state = await self.find(job_id)
-        if state is None:
-            raise not_found_job(job_id, self.key)
-        return state
-
+class MemoryJobStorage(JobLookup, _Base):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
         with self._lock:
@@ -214,13 +208,7 @@ class MemoryJobStorage(_Base):
         return [state for state in decoded if state is not None]
 
 
-class MemoryJobStepStorage(_Base):
-    async def get(self, job_id: str, step_id: str) -> JobStepState:
-        state = await self.find(job_id, step_id)
-        if state is None:
-            raise not_found_step(job_id, step_id, self.key)
-        return state
-
+class MemoryJobStepStorage(StepLookup, _Base):
     async def find(self, job_id: str, step_id: str) -> JobStepState | None:
         check_id(job_id, "job id")
         check_id(step_id, "step id")

@@ -69,12 +69,12 @@ from ..jobs.registry import TypeRegistry
 from ..jobs.state import DEFAULT_NAMESPACE, JobKey, JobState, JobStepState, PlannedStep
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
+    JobLookup,
     RecordCodec,
+    StepLookup,
     check_batch,
     check_id,
     check_job_key,
-    not_found_job,
-    not_found_step,
     to_micros,
 )
 from .protocols import JobQuery, JobsStorage, StorageCapabilities
@@ -486,13 +486,7 @@ class _Base:
         return await self._provider.run(self._provider.call, self._p, fn)
 
 
-class MongoJobStorage(_Base):
-    async def get(self, job_id: str) -> JobState:
-        state = await self.find(job_id)
-        if state is None:
-            raise not_found_job(job_id, self.key)
-        return state
-
+class MongoJobStorage(JobLookup, _Base):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
         document = await self._run(lambda: self._p.jobs.find_one({"_id": job_id}))
@@ -611,13 +605,7 @@ class MongoJobStorage(_Base):
         return await self._run(read)
 
 
-class MongoJobStepStorage(_Base):
-    async def get(self, job_id: str, step_id: str) -> JobStepState:
-        state = await self.find(job_id, step_id)
-        if state is None:
-            raise not_found_step(job_id, step_id, self.key)
-        return state
-
+class MongoJobStepStorage(StepLookup, _Base):
     async def find(self, job_id: str, step_id: str) -> JobStepState | None:
         check_id(job_id, "job id")
         check_id(step_id, "step id")

@@ -84,7 +84,8 @@ class StorageProvider(ABC):
 class ThreadedProvider(StorageProvider):
     """A provider over a blocking driver: calls run on its own threads, with transient retries.
 
-    The event loop of a host never blocks on storage; a batch costs one thread hop.
+    A batch costs one thread hop, and the event loop never waits on the database, except
+    for the short SQLite calls `SqlStorage.run_quick` and `run_read` run inline.
     """
 
     def __init__(

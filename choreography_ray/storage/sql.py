@@ -64,6 +64,9 @@ from .url import StorageURL
 _INLINE_RETRIES = (0.001, 0.002, 0.004, 0.008)
 """Pauses between inline attempts that found the SQLite write lock taken; then the thread."""
 
+_MISSED = object()
+"""What an inline attempt returns when it must be made again (see `SqlStorage._inline`)."""
+
 _INLINE: ContextVar[bool] = ContextVar("choreography_sqlite_inline", default=False)
 """Set while a call runs inline on the event loop: connections come from the inline engine."""
 
@@ -324,35 +327,43 @@ class SqlStorage(ThreadedProvider):
         return self._inline_engine if _INLINE.get() else self.engine
 
     async def run_quick(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a short unit of work (one record) at once on the event loop, where SQLite can.
+        """Run a short unit of work (a record, or a batch of up to `QUICK_BATCH`) at once on
+        the event loop, where SQLite can.
 
         A single-row SQLite write takes tens of microseconds, less than handing it to a thread
-        and back. It runs inline only while the provider's thread is idle (so it cannot
-        overtake a call of this process) and on a connection that never waits for the write
-        lock: if another process holds it, or anything transient goes wrong, the call goes to
-        the thread, which waits and retries as usual. PostgreSQL calls always use threads.
+        and back, and a batch on the thread crawls behind a busy loop (docs/decisions.md). It
+        runs inline only while the provider's thread is idle (so it cannot overtake a call of
+        this process) and on a connection that never waits for the write lock: if another
+        process holds it, the call waits `_INLINE_RETRIES` on the loop and tries again, then
+        goes to the thread, which waits and retries as usual. PostgreSQL calls always use
+        threads.
         """
         for pause in _INLINE_RETRIES:
             if not (self.is_sqlite and self._calls.idle):
                 break
-            token = _INLINE.set(True)
-            try:
-                answer = fn(*args)
+            answer = self._inline(fn, args)
+            if answer is not _MISSED:
                 if self._checkpoint_due and not self._housekeeping:
                     # A large batch left it. Copied off the provider's thread, so that the
                     # next batches still find the thread idle and run inline too.
                     self._housekeeping.add(task := asyncio.create_task(self._copy_log()))
                     task.add_done_callback(self._housekeeping.discard)
-                return answer
-            except Exception as error:
-                if not self.is_transient(error):
-                    raise
-            finally:
-                _INLINE.reset(token)
-            # Another process holds the write lock, most often for a few milliseconds: wait
-            # here rather than on the thread, where a busy loop makes a batch crawl.
+                return answer  # type: ignore[return-value]
             await asyncio.sleep(pause)
         return await self.run(fn, *args)
+
+    def _inline(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T | object:
+        """One attempt on the loop's own connection; `_MISSED` when it met something
+        transient (most often another process holding the write lock)."""
+        token = _INLINE.set(True)
+        try:
+            return fn(*args)
+        except Exception as error:
+            if not self.is_transient(error):
+                raise
+            return _MISSED
+        finally:
+            _INLINE.reset(token)
 
     async def _copy_log(self) -> None:
         """Run the checkpoint an inline batch left due, in a thread of its own."""
@@ -376,14 +387,9 @@ class SqlStorage(ThreadedProvider):
         starts are not queued behind the outcomes being written meanwhile.
         """
         if self.is_sqlite:
-            token = _INLINE.set(True)
-            try:
-                return fn(*args)
-            except Exception as error:
-                if not self.is_transient(error):
-                    raise
-            finally:
-                _INLINE.reset(token)
+            answer = self._inline(fn, args)
+            if answer is not _MISSED:
+                return answer  # type: ignore[return-value]
         return await self.run(fn, *args)
 
     def is_transient(self, error: BaseException) -> bool:

@@ -24,12 +24,12 @@ from ..jobs.errors import VersionConflictError
 from ..jobs.state import JobKey, JobState, JobStepState
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
+    JobLookup,
     RecordCodec,
+    StepLookup,
     check_batch,
     check_id,
     check_job_key,
-    not_found_job,
-    not_found_step,
     to_micros,
 )
 from .protocols import JobQuery
@@ -72,13 +72,7 @@ class _Base:
 # Jobs
 
 
-class SqlJobStorage(_Base):
-    async def get(self, job_id: str) -> JobState:
-        state = await self.find(job_id)
-        if state is None:
-            raise not_found_job(job_id, self.key)
-        return state
-
+class SqlJobStorage(JobLookup, _Base):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
         row = await self._quick(self._find, job_id)
@@ -223,13 +217,7 @@ def _scalar(provider: SqlStorage, statement: Any) -> int:
 # Steps
 
 
-class SqlJobStepStorage(_Base):
-    async def get(self, job_id: str, step_id: str) -> JobStepState:
-        state = await self.find(job_id, step_id)
-        if state is None:
-            raise not_found_step(job_id, step_id, self.key)
-        return state
-
+class SqlJobStepStorage(StepLookup, _Base):
     async def find(self, job_id: str, step_id: str) -> JobStepState | None:
         check_id(job_id, "job id")
         check_id(step_id, "step id")
