@@ -1,4 +1,5 @@
-"""Imports go one way: runtime -> engine -> jobs, and author code never imports the runtime.
+"""Imports go one way: runtime -> recovery, placement -> engine -> jobs, and author code never
+imports the runtime.
 
 Declaring a job must touch neither Ray nor a storage driver, so `jobs/` and `engine/` import
 nothing of Ray, and `jobs/` nothing of storage, engine or runtime.
@@ -25,7 +26,18 @@ FORBIDDEN = {
         "pymongo",
         "psycopg",
     },
-    "engine": {"ray", "choreography_ray.runtime", "sqlalchemy", "pymongo", "psycopg"},
+    "engine": {
+        "ray",
+        "choreography_ray.runtime",
+        "choreography_ray.recovery",
+        "choreography_ray.placement",
+        "sqlalchemy",
+        "pymongo",
+        "psycopg",
+    },
+    # The Ray side of recovery and placement stays in runtime/.
+    "recovery": {"ray", "choreography_ray.runtime"},
+    "placement": {"ray", "choreography_ray.runtime"},
     "storage": {
         "ray",
         "choreography_ray.engine",

@@ -1,33 +1,25 @@
-"""The shared core of a job's activation: its state, its turn, its writes and its hooks.
+"""What every lifecycle operation of one job's activation shares, as one explicit object.
 
-The lifecycle itself is split by phase into mixins (starting, stages, outcomes, stopping,
-resuming) that `JobActivation` in job.py puts together."""
+`ActivationCore` holds the job's record (`record.py`), its step ledger (`ledger.py`), the
+retry rule, the author's job object and its hooks, the job's turn and its background tasks.
+The operations (starting, stages, outcomes, stopping, resuming) are separate classes that take
+the core and the operations they call; none reaches into another's attributes.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import traceback
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
-from ..jobs.errors import (
-    StartJobError,
-    VersionConflictError,
-)
+from ..jobs.errors import StartJobError, VersionConflictError
 from ..jobs.job import Job, JobInfo, JobStepDispatchContext
-from ..jobs.state import JobState, JobStepState, PlannedStep, StatusChange
-from ..jobs.status import (
-    JobStatus,
-)
-from .context import EngineContext, error_messages, maybe_await
-from .messages import StepReport
-
-log = logging.getLogger("choreography_ray.engine")
+from ..jobs.state import JobState, JobStepState
+from .context import EngineContext, maybe_await
+from .ledger import StepLedger
+from .record import JobRecord
+from .retrying import RetryRule
 
 PREPARE_BATCH = 1000
 DISPATCH_BATCH = 1000
@@ -47,30 +39,8 @@ class JobStartResult:
         return self.error in (None, StartJobError.NO_JOB_STEPS_TO_START)
 
 
-@dataclass
-class _Tracked:
-    stage: int
-    attempt: int
-    generation: int
-
-
-@dataclass
-class _Counters:
-    reports: int = 0
-    ignored_reports: int = 0
-    dispatched: int = 0
-    job_writes: int = 0
-    step_batches: int = 0
-    step_rows: int = 0
-    hook_errors: list[str] = field(default_factory=list)
-
-
-class Released(Exception):
-    """The activation can no longer trust its copy of the job and has let it go."""
-
-
-class ActivationBase:
-    """State and plumbing every part of a job's activation shares."""
+class ActivationCore:
+    """The record, the ledger, the rule, the hooks, the turn and the tasks of one activation."""
 
     def __init__(
         self,
@@ -78,114 +48,60 @@ class ActivationBase:
         job_class: type[Job[Any]],
         state: JobState,
         *,
-        on_release: Any = None,
+        on_release: Callable[[], None],
         on_saved: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = ctx
-        self._on_saved = on_saved
         self.job_class = job_class
-        self.state = state
         self.job = job_class()
         self.job.info = JobInfo(id=state.id, key=state.key, status=state.status)
-        self._on_release = on_release
-        self._hears_outcomes = (
+        self.ledger = StepLedger()
+        self.record = JobRecord(
+            ctx, job_class, state, self.job.info, on_release=self._released, on_saved=on_saved
+        )
+        self.log = self.record.log
+        self.counters = self.record.counters
+        self.retry = RetryRule(self.job, ctx.options, self.log)
+        self.window = job_class.max_active_steps or ctx.options.max_active_steps_per_job
+        """The most steps tracked at once; None lets every step of a stage run."""
+        self.hears_outcomes = (
             job_class.on_step_completed_or_stopped is not Job.on_step_completed_or_stopped
         )
-        self.log = logging.LoggerAdapter(log, {"job_id": state.id, "step_id": "-"})
-        self._turn = asyncio.Lock()
-        self._inbox: list[StepReport] = []
-        self._drain_task: asyncio.Task[None] | None = None
-        self._stage_steps: dict[int, list[str]] = {}
-        self._stage_of: dict[str, int] = {}
-        self._names: dict[str, str] = {}
-        self._tracked: dict[str, _Tracked] = {}
-        self._waiting: deque[tuple[str, int]] = deque()
-        self._counted: set[str] = set()
-        self._next_attempt: dict[str, int] = {}
-        self._originals: dict[str, BaseModel] = {}
-        self._retries: dict[str, asyncio.Task[None]] = {}
-        self._current_stage: int | None = None
-        self._loaded = False
-        self.released = False
-        self.release_reason = ""
-        """Why the activation let go of the job; empty when it finished normally."""
-        self.counters = _Counters()
-        self._background: set[asyncio.Task[Any]] = set()
-
-    # -- small helpers ------------------------------------------------------------------------
+        self.turn = asyncio.Lock()
+        """Held by every operation and every batch of reports: one turn at a time."""
+        self.background: set[asyncio.Task[Any]] = set()
+        self._on_release = on_release
 
     @property
     def id(self) -> str:
-        return self.state.id
+        return self.record.state.id
 
-    @property
-    def _window(self) -> int | None:
-        return self.job_class.max_active_steps or self.ctx.options.max_active_steps_per_job
+    def _released(self) -> None:
+        self.ledger.cancel_retries()
+        self._on_release()
 
-    @property
-    def _max_attempts(self) -> int:
-        return self.job_class.max_step_attempts or self.ctx.options.max_step_attempts
-
-    def _change(self, status: JobStatus, error: BaseException | str | None = None) -> None:
-        messages: list[str] = []
-        trace = ""
-        if isinstance(error, BaseException):
-            messages = error_messages(error)
-            trace = "".join(traceback.format_exception(error))
-        elif error:
-            messages = [error]
-        self.state.status = status
-        self.state.status_changes = [
-            *self.state.status_changes,
-            StatusChange(
-                status=int(status),
-                occurred=self.ctx.clock.now(),
-                exception_messages=messages,
-                exception_stack_trace=trace,
-            ),
-        ]
-        self.job.info.status = status
-        self.job.info.progress = self.state.progress
-        if self.ctx.on_status is not None:
-            self.ctx.on_status(status)
-
-    async def _save(self) -> None:
-        """Compare-and-set the job record; a lost race means another activation owns the job."""
-        try:
-            self.state.version = await self.ctx.storage.jobs.save(self.state)
-        except VersionConflictError:
-            self._release("the job changed in storage under this activation")
-            raise
-        self.counters.job_writes += 1
-        if self._on_saved is not None:
-            self._on_saved()
-
-    def _release(self, reason: str) -> None:
-        if not self.released:
-            self.log.warning("job %s: activation released: %s", self.id, reason)
-            self.released = True
-            self.release_reason = reason
-            for task in self._retries.values():
-                task.cancel()
-            if self._on_release is not None:
-                self._on_release(self)
-
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run `coro` in the background; `cancel_background` ends it with the activation."""
         task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
         return task
 
-    async def _hook(self, name: str, *args: Any) -> None:
+    def cancel_background(self) -> None:
+        for task in list(self.background):
+            task.cancel()
+
+    async def hook(self, name: str, *args: Any) -> None:
+        """Call the author's hook `name`, plain or async."""
         await maybe_await(getattr(self.job, name)(*args))
 
-    async def _dispatch_hook(
+    async def dispatch_hook(
         self, *, incomplete: bool, resuming: bool, stage: int | None = None
     ) -> None:
         """`on_before_dispatching_job_steps` for `stage` (default: the first open one)."""
         if stage is None:
-            stage = self._first_open_stage()
-        await self._hook(
+            stage = self.ledger.first_open_stage()
+        await self.hook(
             "on_before_dispatching_job_steps",
             JobStepDispatchContext(
                 initialization_may_be_incomplete=incomplete,
@@ -194,19 +110,8 @@ class ActivationBase:
             ),
         )
 
-    # -- watching ---------------------------------------------------------------------------
 
-    async def snapshot(self) -> JobState:
-        async with self._turn:
-            return self.state.model_copy(deep=True)
-
-    @property
-    def busy(self) -> bool:
-        """Outcomes queued or being counted (timers waiting on the clock do not count)."""
-        return bool(self._inbox) or (self._drain_task is not None and not self._drain_task.done())
-
-
-async def _save_all(storage: Any, states: list[JobStepState]) -> None:
+async def save_all(storage: Any, states: list[JobStepState]) -> None:
     """Save step records the job changes (Unreachable), re-reading any that moved meanwhile."""
     try:
         versions = await storage.save_many(states)
@@ -214,14 +119,7 @@ async def _save_all(storage: Any, states: list[JobStepState]) -> None:
         lost = set(conflict.conflicts)
         rest = [s for s in states if s.id not in lost]
         if rest:
-            await _save_all(storage, rest)
+            await save_all(storage, rest)
         return
     for state, version in zip(states, versions, strict=True):
         state.version = version
-
-
-def _stage_sizes(plan: Iterable[PlannedStep]) -> dict[int, int]:
-    sizes: dict[int, int] = {}
-    for step in plan:
-        sizes[step.stage] = sizes.get(step.stage, 0) + 1
-    return sizes

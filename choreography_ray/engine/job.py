@@ -11,20 +11,173 @@ Durability contract (storage is the truth):
 One turn at a time: every operation and every batch of reports runs under the activation's
 turn lock, so two calls never interleave on the job's state. Reports are queued and handled in
 the job's own turn, so a step reporting while the job calls its worker cannot deadlock.
+
+`JobActivation` is the one door: it takes the turn and hands each call to the operation that
+does it (see docs/decisions.md, "The activation by concept", for who calls whom).
 """
 
 from __future__ import annotations
 
-from .activation import ActivationBase, JobStartResult, Released
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..jobs.errors import ResumeJobSuccess
+from ..jobs.job import Job
+from ..jobs.state import JobState
+from ..jobs.status import JobStatus
+from .activation import ActivationCore, JobStartResult
+from .context import EngineContext
+from .messages import StepReport
 from .outcomes import Outcomes
+from .record import Counters, Released
+from .recount import Recount
 from .resuming import Resuming
-from .stages import Staging
+from .stages import Stages
 from .starting import Starting
 from .stopping import Stopping
 
 
-class JobActivation(Starting, Staging, Outcomes, Stopping, Resuming, ActivationBase):
-    """The one live activation of one job: its lifecycle, phase by phase, over shared state."""
+class JobActivation:
+    """The one live activation of one job: its public operations, each in the job's turn."""
+
+    def __init__(
+        self,
+        ctx: EngineContext,
+        job_class: type[Job[Any]],
+        state: JobState,
+        *,
+        on_release: Callable[[JobActivation], None] | None = None,
+        on_saved: Callable[[], None] | None = None,
+    ) -> None:
+        self._on_release = on_release
+        core = self._core = ActivationCore(
+            ctx, job_class, state, on_release=self._released, on_saved=on_saved
+        )
+        self._record = core.record
+        self._outcomes = Outcomes(core)
+        self._stages = Stages(core, self._outcomes)
+        recount = Recount(core)
+        self._starting = Starting(core, self._stages, self._outcomes)
+        self._stopping = Stopping(core, self._outcomes, recount)
+        self._resuming = Resuming(core, self._starting, self._stages, self._outcomes, recount)
+        self._inbox: list[StepReport] = []
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def _released(self) -> None:
+        if self._on_release is not None:
+            self._on_release(self)
+
+    # -- what the manager and tests read ------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._core.id
+
+    @property
+    def state(self) -> JobState:
+        """The job's record as this activation holds it (read it in the job's turn)."""
+        return self._record.state
+
+    @property
+    def job(self) -> Job[Any]:
+        return self._core.job
+
+    @property
+    def job_class(self) -> type[Job[Any]]:
+        return self._core.job_class
+
+    @property
+    def counters(self) -> Counters:
+        return self._core.counters
+
+    @property
+    def released(self) -> bool:
+        return self._record.released
+
+    @property
+    def release_reason(self) -> str:
+        """Why the activation let go of the job; empty when it finished normally."""
+        return self._record.release_reason
+
+    @property
+    def has_work(self) -> bool:
+        """Steps are tracked, waiting or retrying here: the job runs in this activation."""
+        return self._core.ledger.has_work
+
+    @property
+    def busy(self) -> bool:
+        """Outcomes queued or being counted (timers waiting on the clock do not count)."""
+        return bool(self._inbox) or (self._drain_task is not None and not self._drain_task.done())
+
+    async def snapshot(self) -> JobState:
+        async with self._core.turn:
+            return self._record.state.model_copy(deep=True)
+
+    def drop(self) -> None:
+        """Let go without writing anything (the host shuts down): every background task ends."""
+        self._record.released = True
+        self._core.cancel_background()
+
+    # -- operations -----------------------------------------------------------------------------
+
+    async def start(self, request: BaseModel) -> JobStartResult:
+        async with self._core.turn:
+            return await self._starting.start(request)
+
+    async def stop(self) -> None:
+        async with self._core.turn:
+            await self._stopping.stop()
+
+    async def remove(self) -> None:
+        async with self._core.turn:
+            await self._stopping.remove()
+
+    async def finish_stop(self) -> None:
+        """Finish a stop or removal that an earlier activation could not (after a crash)."""
+        async with self._core.turn:
+            await self._stopping.finish_stop()
+
+    async def resume(self, *, recovering: bool = False) -> ResumeJobSuccess:
+        """Resume the job (`recovering` marks a resume by recovery rather than by a caller)."""
+        async with self._core.turn:
+            return await self._resuming.resume()
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def deliver(self, reports: Sequence[StepReport]) -> None:
+        """Queue outcomes from workers; they are counted in the job's own turn."""
+        self._inbox.extend(reports)
+        if self._drain_task is None or self._drain_task.done():
+            self._drain_task = self._core.spawn(self._drain())
+
+    async def _drain(self) -> None:
+        record = self._record
+        handle = self._outcomes.handle
+        stages = self._stages
+        while self._inbox and not record.released:
+            async with self._core.turn:
+                batch, self._inbox = self._inbox, []
+                if record.released:
+                    return
+                try:
+                    for report in batch:
+                        if await handle(report):
+                            stages.retry(report)
+                    status = record.state.status
+                    if status == JobStatus.RUNNING:
+                        await stages.advance(dispatch_failures_fail=False)
+                    elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
+                        await self._stopping.finish_if_settled()
+                    await record.save_progress()
+                except Released:
+                    return
+                except Exception:
+                    self._core.log.exception("job %s: handling step outcomes failed", self.id)
+                    record.release("handling step outcomes failed")
+                    return
 
 
 __all__ = ["JobActivation", "JobStartResult", "Released"]

@@ -1,8 +1,10 @@
 """The jobs manager of one (scope, namespace): the door to its jobs, their activations and
-their housekeeping (dead-job cleanup, retention, rehydration).
+their housekeeping (dead-job cleanup and retention, every `cleanup_cadence`).
 
 Activations are created on demand from storage and let go when a job finishes or can no longer
-trust its copy of the record; the next call activates the job again from storage.
+trust its copy of the record; the next call activates the job again from storage. Bringing
+interrupted jobs back (rehydration) is recovery's policy (`choreography_ray.recovery`), handed
+to the manager as a `Recovery`: the engine does not import it.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
@@ -22,7 +24,6 @@ from ..jobs.errors import (
     OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
-    UnknownTypeError,
     VersionConflictError,
 )
 from ..jobs.job import Job
@@ -33,7 +34,6 @@ from ..jobs.status import (
     RUNNING_JOB_STATUSES,
     STOP_STATUSES,
     TERMINAL_JOB_STATUSES,
-    JobStatus,
 )
 from ..storage.protocols import JobQuery
 from .context import EngineContext
@@ -55,27 +55,39 @@ class CleanupReport:
     errors: list[str] = field(default_factory=list)
 
 
-@dataclass
-class RehydrationReport:
-    queued: list[str] = field(default_factory=list)
-    resumed: list[str] = field(default_factory=list)
-    finished_stops: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
+class Recovery(Protocol):
+    """What the manager asks of recovery (implemented by `recovery.Rehydration`)."""
+
+    async def rehydrate(self) -> asyncio.Task[Any]:
+        """Load the interrupted jobs and resume them; the task ends with the drain."""
+        ...
+
+    def recover_later(self, job_id: str) -> None:
+        """Bring back a job that a storage failure let go."""
+        ...
+
+    def close(self) -> None: ...
+
+
+RecoveryFactory = Callable[["JobsManager"], Recovery]
 
 
 class JobsManager:
-    """Starts, stops, resumes, removes, lists and recovers the jobs of one partition."""
+    """Starts, stops, resumes, removes and lists the jobs of one partition, and cleans up."""
 
-    def __init__(self, ctx: EngineContext) -> None:
+    default_recovery: ClassVar[RecoveryFactory | None] = None
+    """The recovery of managers built without one; `choreography_ray.recovery` sets it."""
+
+    def __init__(self, ctx: EngineContext, *, recovery: RecoveryFactory | None = None) -> None:
         self.ctx = ctx
         self._activations: dict[str, JobActivation] = {}
         self._activating: dict[str, asyncio.Future[JobActivation]] = {}
-        self._rehydration: asyncio.Task[RehydrationReport] | None = None
-        self._preparing: asyncio.Future[asyncio.Task[RehydrationReport]] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self._recovering: set[str] = set()
+        factory = recovery or JobsManager.default_recovery
+        if factory is None:
+            raise TypeError("JobsManager needs a recovery: import choreography_ray.recovery")
+        self._recovery = factory(self)
+        self._cleanup: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""
         self.writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
@@ -90,49 +102,25 @@ class JobsManager:
     def activation(self, job_id: str) -> JobActivation | None:
         return self._activations.get(job_id)
 
+    def live(self, job_id: str) -> JobActivation | None:
+        """The job's activation here, unless it has let the job go."""
+        live = self._activations.get(job_id)
+        return live if live is not None and not live.released else None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _released(self, activation: JobActivation) -> None:
         if self._activations.get(activation.id) is activation:
             del self._activations[activation.id]
-        for name in ("job_writes", "step_batches", "step_rows"):
-            self.writes[name] += getattr(activation.counters, name)
-        if activation.release_reason and not self._closed and activation.id not in self._recovering:
+        counters = activation.counters
+        self.writes["job_writes"] += counters.job_writes
+        self.writes["step_batches"] += counters.step_batches
+        self.writes["step_rows"] += counters.step_rows
+        if activation.release_reason and not self._closed:
             # It let go because storage failed it: bring it back from storage, with backoff.
-            self._recovering.add(activation.id)
-            task = asyncio.get_running_loop().create_task(self._recover_later(activation.id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _recover_later(self, job_id: str) -> None:
-        """One chain of attempts per job, backing off from `step_delivery_retry_delay`."""
-        options = self.ctx.options
-        delay = options.step_delivery_retry_delay.total_seconds()
-        try:
-            for _ in range(options.step_delivery_max_attempts):
-                await self.ctx.clock.sleep(delay)
-                live = self._activations.get(job_id)
-                if self._closed or (live is not None and not live.released):
-                    return
-                try:
-                    state = await self.ctx.storage.jobs.find(job_id)
-                    if state is None or state.status not in INTERRUPTED_STATUSES:
-                        return
-                    report = RehydrationReport()
-                    await self._recover(job_id, report)
-                    live = self._activations.get(job_id)
-                    if live is not None and not live.released:
-                        return
-                except Exception as error:
-                    log.warning(
-                        "job %s: recovery after a storage failure failed: %s", job_id, error
-                    )
-                delay = min(options.max_step_delivery_retry_delay.total_seconds(), delay * 2)
-            log.warning(
-                "job %s: gave up recovering it after a storage failure; rehydration or a "
-                "restart will pick it up",
-                job_id,
-            )
-        finally:
-            self._recovering.discard(job_id)
+            self._recovery.recover_later(activation.id)
 
     def _job_class(self, type_name: str) -> type[Job[Any]]:
         return self.ctx.registry.resolve(type_name, TypeKind.JOB)  # type: ignore[return-value]
@@ -399,100 +387,46 @@ class JobsManager:
         await asyncio.gather(*(expire(job) for job in expired))
         return report.terminal_jobs_removed
 
-    async def run_cleanup(self, stopped: asyncio.Event) -> None:
-        """Clean up every `cleanup_cadence` until `stopped` is set; survives every failure."""
-        cadence = self.ctx.options.cleanup_cadence.total_seconds()
-        while not stopped.is_set():
-            await self.ctx.clock.sleep(cadence)
-            if stopped.is_set():
-                return
-            await self.cleanup()
+    def schedule_cleanup(self) -> None:
+        """Clean up every `cleanup_cadence` until the manager closes (idempotent).
 
-    # -- rehydration ----------------------------------------------------------------------------
-
-    async def rehydrate(self) -> asyncio.Task[RehydrationReport]:
-        """Clean up, load every interrupted job, and resume them in the background.
-
-        Returns once the jobs are loaded, before they resume; the returned task ends when the
-        drain does. An overlapping call shares the drain under way.
+        Each round is bounded (`max_terminal_jobs_per_cleanup`, `max_concurrent_cleanup`) and
+        isolated: a failing round is logged and the next one runs on time.
         """
+        if self._cleanup is None and not self._closed:
+            self._cleanup = asyncio.get_running_loop().create_task(self._clean_up_periodically())
+
+    async def _clean_up_periodically(self) -> None:
+        cadence = self.ctx.options.cleanup_cadence.total_seconds()
+        while not self._closed:
+            await self.ctx.clock.sleep(cadence)
+            report = await self.cleanup()
+            if report.errors:
+                log.warning(
+                    "cleanup: %d error(s); trying again in %ss", len(report.errors), cadence
+                )
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    async def rehydrate(self) -> asyncio.Task[Any]:
+        """Clean up, then bring back every interrupted job (see `recovery.Rehydration`); from
+        then on clean up every `cleanup_cadence`. Returns once the jobs are loaded; the task
+        ends when they all resumed and yields the rehydration's report."""
         if self._closed:
             raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
-        if self._rehydration is not None and not self._rehydration.done():
-            return self._rehydration
-        if self._preparing is not None:
-            return await asyncio.shield(self._preparing)
-        preparing = self._preparing = asyncio.get_running_loop().create_future()
-        try:
-            await self.cleanup()
-            interrupted = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(
-                INTERRUPTED_STATUSES
-            )
-            interrupted.sort(key=lambda job: (job.created, job.id))
-            self._rehydration = asyncio.get_running_loop().create_task(self._drain(interrupted))
-            preparing.set_result(self._rehydration)
-            return self._rehydration
-        except BaseException as error:
-            preparing.set_exception(error)
-            preparing.exception()  # retrieved: callers that share it get it through shield
-            raise
-        finally:
-            self._preparing = None
-
-    async def _drain(self, jobs: list[JobState]) -> RehydrationReport:
-        report = RehydrationReport(queued=[job.id for job in jobs])
-        limit = asyncio.Semaphore(self.ctx.options.max_concurrent_rehydration)
-
-        async def recover(job: JobState) -> None:
-            async with limit:
-                if self._closed:
-                    return  # the host stopped: the job stays in storage for the next pass
-                try:
-                    await self._recover(job.id, report)
-                except Exception as error:
-                    log.warning("job %s could not be recovered: %s", job.id, error)
-                    report.failed.append(job.id)
-
-        await asyncio.gather(*(recover(job) for job in jobs))
-        return report
-
-    async def _recover(self, job_id: str, report: RehydrationReport) -> None:
-        # Re-read at dispatch: a stop issued while the job waited in the queue wins.
-        current = await self.ctx.storage.jobs.find(job_id)
-        if (
-            current is None
-            or current.status not in INTERRUPTED_STATUSES
-            or (current.status == JobStatus.STOPPED and current.stop_finalized)
-        ):
-            report.skipped.append(job_id)
-            return
-        if not self.ctx.registry.knows(current.type, TypeKind.JOB):
-            raise UnknownTypeError(current.type, "job")
-        live = self._activations.get(job_id)
-        if live is not None and not live.released and (live._tracked or live._waiting):
-            report.skipped.append(job_id)
-            return
-        activation = await self.activate(job_id)
-        if current.status in STOP_STATUSES:
-            await activation.finish_stop()
-            report.finished_stops.append(job_id)
-            return
-        await activation.resume(recovering=True)
-        report.resumed.append(job_id)
+        self.schedule_cleanup()
+        return await self._recovery.rehydrate()
 
     # -- shutdown -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop background recovery; activations are dropped without writing anything."""
+        """Stop cleanup and recovery; activations are dropped without writing anything."""
         self._closed = True
-        if self._rehydration is not None:
-            self._rehydration.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        if self._cleanup is not None:
+            self._cleanup.cancel()
+        self._recovery.close()
         for activation in list(self._activations.values()):
-            activation.released = True
-            for task in list(activation._background):
-                task.cancel()
+            activation.drop()
         self._activations.clear()
 
     @property
@@ -500,4 +434,4 @@ class JobsManager:
         return bool(self._activating) or any(a.busy for a in self._activations.values())
 
 
-__all__ = ["CleanupReport", "JobsManager", "RehydrationReport"]
+__all__ = ["INTERRUPTED_STATUSES", "CleanupReport", "JobsManager", "Recovery", "RecoveryFactory"]

@@ -2,78 +2,82 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
 
-from ..jobs.errors import (
-    StartJobError,
-    VersionConflictError,
-)
+from ..jobs.errors import StartJobError, VersionConflictError
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobStepState, PlannedStep
-from ..jobs.status import (
-    JobStatus,
-)
+from ..jobs.status import JobStatus
 from . import progress as counting
-from .activation import (
-    PREPARE_BATCH,
-    JobStartResult,
-    Released,
-    _stage_sizes,
-)
+from .activation import PREPARE_BATCH, ActivationCore, JobStartResult
 from .context import error_messages, maybe_await
+from .outcomes import Outcomes
 from .planning import InvalidPlan, build_plan, plan_size
+from .record import Released
+from .stages import Stages
 
 
 class Starting:
-    """The start of a job's life, up to its first dispatch."""
+    """The start of a job's life, up to its first dispatch; also the preparation a resume
+    finishes after a crash (`prepare_and_run`)."""
 
-    # -- start ----------------------------------------------------------------------------------
+    def __init__(self, core: ActivationCore, stages: Stages, outcomes: Outcomes) -> None:
+        self.core = core
+        self.record = core.record
+        self.ledger = core.ledger
+        self.stages = stages
+        self.outcomes = outcomes
+        self._originals: dict[str, BaseModel] = {}
+        """The requests `prepare_steps` returned, used as they are for the steps of this start."""
+
+    @property
+    def id(self) -> str:
+        return self.core.id
 
     async def start(self, request: BaseModel) -> JobStartResult:
-        async with self._turn:
-            return await self._start(request)
-
-    async def _start(self, request: BaseModel) -> JobStartResult:
-        if self.state.status != JobStatus.NONE or self.state.version:
-            if self.state.status.is_terminal:
+        """Start the job with `request`; the caller holds the job's turn."""
+        record = self.record
+        state = record.state
+        job_class = self.core.job_class
+        if state.status != JobStatus.NONE or state.version:
+            if state.status.is_terminal:
                 return JobStartResult(self.id, StartJobError.ALREADY_COMPLETED)
             return JobStartResult(self.id, StartJobError.ALREADY_BEEN_PREPARED)
-        if not isinstance(request, self.job_class.request_type):
+        if not isinstance(request, job_class.request_type):
             raise TypeError(
-                f"{self.job_class.__qualname__} takes a "
-                f"{self.job_class.request_type.__qualname__} request, got "
+                f"{job_class.__qualname__} takes a "
+                f"{job_class.request_type.__qualname__} request, got "
                 f"{type(request).__qualname__}"
             )
-        registry = self.ctx.registry
-        self.state.created = self.ctx.clock.now()
-        self.state.request = registry.dump(request)
-        self.state.execution_generation = 1
+        registry = self.core.ctx.registry
+        state.created = self.core.ctx.clock.now()
+        state.request = registry.dump(request)
+        state.execution_generation = 1
         try:
-            self.state.details = self.job.details(request) or ""
+            state.details = self.core.job.details(request) or ""
         except Exception:
-            self.log.exception("job %s: details() failed", self.id)
-        self._change(JobStatus.PREPARING_JOB)
+            self.core.log.exception("job %s: details() failed", self.id)
+        record.change(JobStatus.PREPARING_JOB)
         try:
-            await self._save()
+            await record.save()
         except VersionConflictError:
             return JobStartResult(self.id, StartJobError.ALREADY_BEEN_PREPARED)
         except Exception as error:
-            self._release("the job could not be written")
+            record.release("the job could not be written")
             return JobStartResult(
                 self.id, StartJobError.UNKNOWN, f"could not save the job: {error}"
             )
 
         try:
-            details = list(await maybe_await(self.job.prepare_steps(request)))
+            details = list(await maybe_await(self.core.job.prepare_steps(request)))
         except Exception as error:
-            return await self._fail_start(error, StartJobError.UNKNOWN)
+            return await self.fail(error, StartJobError.UNKNOWN)
         try:
             plan = build_plan(details, registry)
         except InvalidPlan as invalid:
-            return await self._fail_start(invalid.reason, StartJobError.INVALID_STEP_PLAN)
+            return await self.fail(invalid.reason, StartJobError.INVALID_STEP_PLAN)
         self._originals = {detail.step_id: detail.request for detail in details}
 
         try:
@@ -81,127 +85,107 @@ class Starting:
         except Released:
             return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except Exception as error:
-            return await self._fail_start(error, StartJobError.UNKNOWN)
+            return await self.fail(error, StartJobError.UNKNOWN)
         if not plan:
-            await self._complete_safely()
+            await self.outcomes.complete_safely()
             return JobStartResult(self.id, StartJobError.NO_JOB_STEPS_TO_START)
-        if self.job_class.start_steps_in_background:
-            self._spawn(self._continue_in_background(plan))
+        if job_class.start_steps_in_background:
+            self.core.spawn(self._continue_in_background(plan))
             return JobStartResult(self.id)
-        return await self._prepare_and_run(plan, existing=set(), clean_start=True)
+        return await self.prepare_and_run(plan, existing=set(), clean_start=True)
 
     async def _continue_in_background(self, plan: list[PlannedStep]) -> None:
-        async with self._turn:
-            if self.released or self.state.status != JobStatus.PREPARING_STEPS:
+        async with self.core.turn:
+            if self.record.released or self.record.state.status != JobStatus.PREPARING_STEPS:
                 return
-            result = await self._prepare_and_run(plan, existing=set(), clean_start=True)
+            result = await self.prepare_and_run(plan, existing=set(), clean_start=True)
             if not result.succeeded:
-                self.log.warning(
+                self.core.log.warning(
                     "job %s: starting its steps in the background failed: %s %s",
                     self.id,
                     result.error.name if result.error is not None else "",
                     result.reason,
                 )
 
+    def index_plan(self, plan: list[PlannedStep]) -> None:
+        self.ledger.index((step.step_id, step.stage, step.name) for step in plan)
+
     async def _save_plan(self, plan: list[PlannedStep]) -> None:
         """Save the complete plan and move to PreparingSteps, inline or in plan storage."""
-        self._index_plan(plan)
-        self.state.progress = counting.planned(_stage_sizes(plan))
-        plans = self.ctx.storage.plans
-        limit = self.ctx.options.max_inline_step_plan_size
+        record = self.record
+        state = record.state
+        self.index_plan(plan)
+        state.progress = counting.planned(self.ledger.stage_sizes())
+        ctx = self.core.ctx
+        plans = ctx.storage.plans
+        limit = ctx.options.max_inline_step_plan_size
         external = (
             plans is not None
-            and self.ctx.externalize_plans
+            and ctx.externalize_plans
             and plan
             and (limit == 0 or plan_size(plan) > limit)
         )
         if external:
             assert plans is not None
-            incarnation = (self.state.stored_step_plan_incarnation or 0) + 1
-            self.state.stored_step_plan_incarnation = incarnation
-            await self._save()  # the fence: the incarnation is durable before any plan record
+            incarnation = (state.stored_step_plan_incarnation or 0) + 1
+            state.stored_step_plan_incarnation = incarnation
+            await record.save()  # the fence: the incarnation is durable before any plan record
             await plans.save_plan(self.id, incarnation, plan)
-            self.state.has_stored_step_plan = True
-            self.state.plan = None
+            state.has_stored_step_plan = True
+            state.plan = None
         else:
-            self.state.plan = plan
-        self._change(JobStatus.PREPARING_STEPS)
-        await self._save()
+            state.plan = plan
+        record.change(JobStatus.PREPARING_STEPS)
+        await record.save()
 
-    async def _fail_start(self, error: BaseException | str, code: StartJobError) -> JobStartResult:
+    async def fail(self, error: BaseException | str, code: StartJobError) -> JobStartResult:
         """Write the job Failed with the reason and without its plan."""
+        record = self.record
+        state = record.state
         reason = error if isinstance(error, str) else "; ".join(error_messages(error))
-        incarnation = (
-            self.state.stored_step_plan_incarnation if self.state.has_stored_step_plan else None
-        )
-        self.state.plan = None
-        self.state.has_stored_step_plan = False
-        self._change(JobStatus.FAILED, error)
+        incarnation = state.stored_step_plan_incarnation if state.has_stored_step_plan else None
+        state.plan = None
+        state.has_stored_step_plan = False
+        record.change(JobStatus.FAILED, error)
         try:
-            await self._save()
+            await record.save()
         except Exception as write_error:
             # Not durable: let go and keep whatever plan is stored, for recovery.
-            self._release(f"could not write Failed: {write_error}")
+            record.release(f"could not write Failed: {write_error}")
             return JobStartResult(self.id, StartJobError.UNKNOWN, reason)
         if incarnation is not None:
-            await self._delete_plan(incarnation)
+            await record.delete_plan(incarnation)
         return JobStartResult(self.id, code, reason)
 
-    async def _delete_plan(self, incarnation: int) -> None:
-        plans = self.ctx.storage.plans
-        if plans is None:
-            return
-        try:
-            await plans.delete_plan(self.id, incarnation)
-        except Exception:
-            self.log.exception("job %s: could not delete plan incarnation %s", self.id, incarnation)
-
-    def _index_plan(self, plan: Iterable[PlannedStep]) -> None:
-        self._stage_steps = {}
-        for step in plan:
-            self._stage_steps.setdefault(step.stage, []).append(step.step_id)
-            self._stage_of[step.step_id] = step.stage
-            self._names[step.step_id] = step.name
-        self._loaded = True
-
-    def _index_steps(self, steps: Iterable[JobStepState]) -> None:
-        self._stage_steps = {}
-        for step in steps:
-            self._stage_steps.setdefault(step.stage, []).append(step.id)
-            self._stage_of[step.id] = step.stage
-            self._names[step.id] = step.name
-        self._loaded = True
-
-    async def _prepare_and_run(
+    async def prepare_and_run(
         self, plan: list[PlannedStep], existing: set[str], *, clean_start: bool
     ) -> JobStartResult:
+        """Prepare every planned step not in `existing`, then enter Running and dispatch."""
         try:
             failed = await self._prepare_steps(plan, existing)
         except Released:
             return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except Exception as error:
-            return await self._fail_start(error, StartJobError.UNKNOWN)
+            return await self.fail(error, StartJobError.UNKNOWN)
         if failed is not None:
-            result = await self._fail_start(failed, StartJobError.COULD_NOT_PREPARE_JOB_STEPS)
+            result = await self.fail(failed, StartJobError.COULD_NOT_PREPARE_JOB_STEPS)
             if result.error == StartJobError.COULD_NOT_PREPARE_JOB_STEPS:
                 try:
-                    await self._hook("on_failed_to_prepare")
+                    await self.core.hook("on_failed_to_prepare")
                 except Exception:
-                    self.log.exception("job %s: on_failed_to_prepare failed", self.id)
+                    self.core.log.exception("job %s: on_failed_to_prepare failed", self.id)
             return result
         try:
-            if self.state.status != JobStatus.STARTING_STEPS:
-                self._change(JobStatus.STARTING_STEPS)
-                await self._save()
+            if self.record.state.status != JobStatus.STARTING_STEPS:
+                self.record.change(JobStatus.STARTING_STEPS)
+                await self.record.save()
             if clean_start:
-                await self._hook("on_before_starting_job_steps")
+                await self.core.hook("on_before_starting_job_steps")
         except Released:
             return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except Exception as error:
-            return await self._fail_start(error, StartJobError.UNKNOWN)
-        return await self._enter_running(
-            incomplete=not clean_start, resuming=not clean_start, fresh=True
-        )
+            return await self.fail(error, StartJobError.UNKNOWN)
+        return await self._enter_running(incomplete=not clean_start, resuming=not clean_start)
 
     async def _prepare_steps(self, plan: list[PlannedStep], existing: set[str]) -> str | None:
         """Prepare and store every planned step not stored yet. Returns a failure reason.
@@ -209,7 +193,7 @@ class Starting:
         On a clean start the requests `prepare_steps` returned are used as they are (the plan
         check proved they read back equal); recovery reads them from the saved plan.
         """
-        registry = self.ctx.registry
+        registry = self.core.ctx.registry
         originals, self._originals = self._originals, {}
         steps: dict[str, Any] = {}
         batch: list[JobStepState] = []
@@ -250,10 +234,11 @@ class Starting:
         return None
 
     async def _store_prepared(self, batch: list[JobStepState]) -> None:
-        self.counters.step_batches += 1
-        self.counters.step_rows += len(batch)
+        counters = self.core.counters
+        counters.step_batches += 1
+        counters.step_rows += len(batch)
         try:
-            await self.ctx.storage.steps.save_many(batch)
+            await self.core.ctx.storage.steps.save_many(batch)
         except VersionConflictError as conflict:
             # Already stored by an earlier, interrupted preparation: keep those records.
             lost = set(conflict.conflicts)
@@ -265,40 +250,36 @@ class Starting:
             if rest:
                 await self._store_prepared(rest)
 
-    async def _enter_running(
-        self, *, incomplete: bool, resuming: bool, fresh: bool
-    ) -> JobStartResult:
+    async def _enter_running(self, *, incomplete: bool, resuming: bool) -> JobStartResult:
+        record = self.record
+        state = record.state
         try:
-            await self._dispatch_hook(incomplete=incomplete, resuming=resuming)
+            await self.core.dispatch_hook(incomplete=incomplete, resuming=resuming)
         except Exception as error:
-            return await self._fail_start(error, StartJobError.UNKNOWN)
-        incarnation_kept = self.state.stored_step_plan_incarnation
-        self.state.plan = None
-        self.state.has_stored_step_plan = False
-        self.state.stored_step_plan_incarnation = incarnation_kept
-        self._change(JobStatus.RUNNING)
+            return await self.fail(error, StartJobError.UNKNOWN)
+        state.plan = None
+        state.has_stored_step_plan = False
+        record.change(JobStatus.RUNNING)
         try:
-            await self._save()
+            await record.save()
         except Exception as error:
-            self._release(f"could not write Running: {error}")
+            record.release(f"could not write Running: {error}")
             return JobStartResult(
                 self.id, StartJobError.UNKNOWN, f"could not write Running: {error}"
             )
         try:
-            failed = await self._advance(dispatch_failures_fail=fresh)
-            await self._persist_progress()
+            failed = await self.stages.advance(dispatch_failures_fail=True)
+            await record.save_progress()
         except Exception as error:
-            self._release(f"moving the job on failed: {error}")
+            record.release(f"moving the job on failed: {error}")
             return JobStartResult(
                 self.id,
                 StartJobError.UNKNOWN,
                 f"the job is Running but its progress could not be saved ({error}); "
                 "it continues from storage when it is next activated",
             )
-        if (
-            failed
-            and failed == self.state.progress.total_steps - self.state.progress.unreachable_steps
-        ):
+        progress = state.progress
+        if failed and failed == progress.total_steps - progress.unreachable_steps:
             return JobStartResult(
                 self.id, StartJobError.ALL_JOB_STEPS_FAILED_STARTING, failed_steps=()
             )

@@ -1,0 +1,155 @@
+"""The step ledger of a job's activation: which steps it knows, where each one stands.
+
+One object answers, for every step of the job: its stage and name, whether it is tracked (a
+start was sent and no outcome counted), waiting to be sent, waiting out a retry's backoff, or
+counted. The stage cursor (`current`) is the stage the job is running. The ledger writes
+nothing and awaits nothing: the lifecycle operations decide, the ledger remembers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..jobs.state import JobStepState
+from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
+
+Pending = dict[int, list[tuple[str, int]]]
+"""Per stage, the steps still to run and the attempt each runs next."""
+
+
+@dataclass
+class Tracked:
+    """A step whose start was sent in this execution and whose outcome is not counted yet."""
+
+    stage: int
+    attempt: int
+    generation: int
+
+
+class StepLedger:
+    """Which steps are tracked, waiting, retrying or counted, in which stage and attempt."""
+
+    def __init__(self) -> None:
+        self.stage_steps: dict[int, list[str]] = {}
+        self.stage_of: dict[str, int] = {}
+        self.names: dict[str, str] = {}
+        self.tracked: dict[str, Tracked] = {}
+        self.waiting: deque[tuple[str, int]] = deque()
+        self.counted: set[str] = set()
+        self.next_attempt: dict[str, int] = {}
+        self.retries: dict[str, asyncio.Task[None]] = {}
+        self.current: int | None = None
+        """The stage cursor: the stage being run, None before the first one opens."""
+        self.loaded = False
+        """Whether the steps are indexed (from the plan or from storage)."""
+
+    # -- the plan -----------------------------------------------------------------------------
+
+    def index(self, steps: Iterable[tuple[str, int, str]]) -> None:
+        """Know the job's steps as (id, stage, name), from its plan or from step storage."""
+        self.stage_steps = {}
+        for step_id, stage, name in steps:
+            self.stage_steps.setdefault(stage, []).append(step_id)
+            self.stage_of[step_id] = stage
+            self.names[step_id] = name
+        self.loaded = True
+
+    def stage_sizes(self) -> dict[int, int]:
+        return {stage: len(ids) for stage, ids in self.stage_steps.items()}
+
+    # -- the stage cursor ---------------------------------------------------------------------
+
+    def stages(self) -> list[int]:
+        return sorted(self.stage_steps)
+
+    def stage_done(self, stage: int) -> bool:
+        return all(step_id in self.counted for step_id in self.stage_steps.get(stage, ()))
+
+    def first_open_stage(self) -> int | None:
+        for stage in self.stages():
+            if not self.stage_done(stage):
+                return stage
+        return None
+
+    def open(self, stage: int) -> None:
+        """Move the cursor to `stage` and queue its steps that are neither counted nor tracked."""
+        self.current = stage
+        self.waiting.extend(
+            (step_id, self.next_attempt.get(step_id, 1))
+            for step_id in self.stage_steps.get(stage, ())
+            if step_id not in self.counted and step_id not in self.tracked
+        )
+
+    def uncounted_after(self, stage: int) -> list[str]:
+        """The steps of every later stage that have no outcome yet."""
+        return [
+            step_id
+            for later in self.stages()
+            if later > stage
+            for step_id in self.stage_steps[later]
+            if step_id not in self.counted
+        ]
+
+    # -- what runs ----------------------------------------------------------------------------
+
+    def room(self, window: int | None) -> int:
+        """How many more starts the job's window allows (every waiting one without a window)."""
+        if window is None:
+            return len(self.waiting)
+        return max(0, window - len(self.tracked) - len(self.retries))
+
+    @property
+    def has_work(self) -> bool:
+        """Steps are tracked, waiting to be sent or waiting out a backoff in this activation."""
+        return bool(self.tracked or self.waiting or self.retries)
+
+    def cancel_retries(self) -> None:
+        for task in self.retries.values():
+            task.cancel()
+        self.retries.clear()
+
+    def take_in_flight(self) -> set[str]:
+        """Every step that may run or is about to: tracked, waiting or retrying. Retries are
+        cancelled and the queue emptied, so nothing more is sent."""
+        steps = set(self.tracked) | set(self.retries)
+        steps.update(step_id for step_id, _ in self.waiting)
+        self.cancel_retries()
+        self.waiting.clear()
+        return steps
+
+    # -- recount ------------------------------------------------------------------------------
+
+    def reconcile(
+        self, steps: Iterable[JobStepState], would_retry: Callable[[JobStepState], bool]
+    ) -> tuple[list[tuple[int, JobStepStatus]], Pending]:
+        """Forget what ran; count stored outcomes again. Returns the outcomes and what each
+        stage still has to run."""
+        self.counted.clear()
+        self.tracked.clear()
+        self.waiting.clear()
+        outcomes: list[tuple[int, JobStepStatus]] = []
+        pending: Pending = {}
+        for step in steps:
+            status = step.status
+            if status in (JobStepStatus.COMPLETED_SUCCESSFULLY, JobStepStatus.UNREACHABLE):
+                outcomes.append((step.stage, status))
+                self.counted.add(step.id)
+            elif status in FAILED_STEP_STATUSES:
+                if status == JobStepStatus.COMPLETED_WITH_FAILURE and would_retry(step):
+                    pending.setdefault(step.stage, []).append((step.id, step.attempt + 1))
+                else:
+                    outcomes.append((step.stage, JobStepStatus.FAILED))
+                    self.counted.add(step.id)
+            else:
+                # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
+                pending.setdefault(step.stage, []).append((step.id, max(1, step.attempt)))
+        self.current = None
+        self.next_attempt = {
+            step_id: attempt
+            for stage_pending in pending.values()
+            for step_id, attempt in stage_pending
+        }
+        return outcomes, pending

@@ -1,0 +1,153 @@
+"""The job's record as its activation holds it, and every write of it.
+
+Storage is the truth: the record is saved by compare-and-set, and a lost race means another
+activation owns the job. Then this copy is let go (released) and nothing more is written from
+it; the manager activates the job again from storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jobs.errors import VersionConflictError
+from ..jobs.job import Job, JobInfo
+from ..jobs.state import JobState, StatusChange
+from ..jobs.status import JobStatus
+from .context import EngineContext, error_messages
+
+log = logging.getLogger("choreography_ray.engine")
+
+
+class Released(Exception):
+    """The activation can no longer trust its copy of the job and has let it go."""
+
+
+@dataclass
+class Counters:
+    """What one activation did, for tests and benchmarks."""
+
+    reports: int = 0
+    ignored_reports: int = 0
+    dispatched: int = 0
+    job_writes: int = 0
+    step_batches: int = 0
+    step_rows: int = 0
+    hook_errors: list[str] = field(default_factory=list)
+
+
+class JobRecord:
+    """One job's state, its status changes and its writes; released once it cannot be trusted."""
+
+    def __init__(
+        self,
+        ctx: EngineContext,
+        job_class: type[Job[Any]],
+        state: JobState,
+        info: JobInfo,
+        *,
+        on_release: Callable[[], None],
+        on_saved: Callable[[], None] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.job_class = job_class
+        self.state = state
+        self.info = info
+        self.counters = Counters()
+        self.log = logging.LoggerAdapter(log, {"job_id": state.id, "step_id": "-"})
+        self.released = False
+        self.release_reason = ""
+        """Why the activation let go of the job; empty when it finished normally."""
+        self._on_release = on_release
+        self._on_saved = on_saved
+
+    @property
+    def id(self) -> str:
+        return self.state.id
+
+    def change(self, status: JobStatus, error: BaseException | str | None = None) -> None:
+        """Enter `status`, with the error that caused it in the status history."""
+        messages: list[str] = []
+        trace = ""
+        if isinstance(error, BaseException):
+            messages = error_messages(error)
+            trace = "".join(traceback.format_exception(error))
+        elif error:
+            messages = [error]
+        self.state.status = status
+        self.state.status_changes = [
+            *self.state.status_changes,
+            StatusChange(
+                status=int(status),
+                occurred=self.ctx.clock.now(),
+                exception_messages=messages,
+                exception_stack_trace=trace,
+            ),
+        ]
+        self.info.status = status
+        self.info.progress = self.state.progress
+        if self.ctx.on_status is not None:
+            self.ctx.on_status(status)
+
+    async def save(self) -> None:
+        """Compare-and-set the job record; a lost race means another activation owns the job."""
+        try:
+            self.state.version = await self.ctx.storage.jobs.save(self.state)
+        except VersionConflictError:
+            self.release("the job changed in storage under this activation")
+            raise
+        self.counters.job_writes += 1
+        if self._on_saved is not None:
+            self._on_saved()
+
+    async def save_progress(self) -> None:
+        """Save what was counted; a failed write lets the job go (raises `Released`)."""
+        if self.released or self.state.status == JobStatus.NONE:
+            return
+        if self.state.status.is_terminal and not self.keeps_state():
+            return
+        try:
+            await self.save()
+        except Exception as error:
+            self.release(f"could not save progress: {error}")
+            raise Released() from error
+
+    def release(self, reason: str = "") -> None:
+        """Let go of the job: for `reason` (logged), or quietly once it finished."""
+        if self.released:
+            return
+        if reason:
+            self.log.warning("job %s: activation released: %s", self.id, reason)
+        self.released = True
+        self.release_reason = reason
+        self._on_release()
+
+    def keeps_state(self) -> bool:
+        """Whether the record stays in storage in its current status."""
+        status = self.state.status
+        if status == JobStatus.COMPLETED_WITH_FAILURES:
+            return self.job_class.keep_after_completed_with_failures
+        if status == JobStatus.COMPLETED_SUCCESSFULLY:
+            return self.job_class.keep_after_completed
+        return True
+
+    async def delete_plan(self, incarnation: int) -> None:
+        plans = self.ctx.storage.plans
+        if plans is None:
+            return
+        try:
+            await plans.delete_plan(self.id, incarnation)
+        except Exception:
+            self.log.exception("job %s: could not delete plan incarnation %s", self.id, incarnation)
+
+    async def clear(self) -> None:
+        """Delete the steps, then the job: what remains after a crash is still a whole job."""
+        try:
+            await self.ctx.storage.steps.remove_all_for_job(self.id)
+            await self.ctx.storage.jobs.remove(self.id)
+        except Exception:
+            self.log.exception("job %s: could not clear its state", self.id)
+            raise

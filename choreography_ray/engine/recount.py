@@ -1,0 +1,34 @@
+"""Recount a job from its step records: the one place an activation reads its steps back.
+
+A new activation (after a crash, a lost write or a stop) trusts step storage over the stored
+progress: it reads every step record, indexes them in the ledger and counts their outcomes
+again. Stop and resume both start here, so a check on what was read belongs here too.
+"""
+
+from __future__ import annotations
+
+from ..jobs.state import JobStepState
+from . import progress as counting
+from .activation import ActivationCore
+from .ledger import Pending
+
+
+class Recount:
+    """Reads the job's steps and rebuilds the ledger and the progress from them."""
+
+    def __init__(self, core: ActivationCore) -> None:
+        self.core = core
+
+    async def load(self) -> tuple[list[JobStepState], Pending]:
+        """The job's step records, and per stage what still has to run."""
+        core = self.core
+        steps = await core.ctx.storage.steps.get_for_job(core.id)
+        ledger = core.ledger
+        ledger.index((step.id, step.stage, step.name) for step in steps)
+        outcomes, pending = ledger.reconcile(steps, core.retry.allows_stored)
+        state = core.record.state
+        started = [entry.stage for entry in state.progress.stages if entry.is_started]
+        base = counting.planned(ledger.stage_sizes())
+        base.message = state.progress.message
+        state.progress = counting.reconcile(base, outcomes, started)
+        return steps, pending

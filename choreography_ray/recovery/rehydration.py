@@ -1,0 +1,158 @@
+"""Rehydration: bringing back the interrupted jobs of one jobs manager.
+
+After a host or the cluster restarts, every job left Running or mid-stop in storage is loaded
+and resumed (or its stop finished), oldest first, at most `max_concurrent_rehydration` at once.
+After a storage failure let one job go, the job is brought back alone, with backoff.
+
+This is policy over the manager's public door (`activate`, `live`, `cleanup`); the engine does
+not import it: the manager is handed a `Rehydration` (see `JobsManager(recovery=...)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.manager import INTERRUPTED_STATUSES, JobsManager
+from ..jobs.errors import UnknownTypeError
+from ..jobs.registry import TypeKind
+from ..jobs.state import JobState
+from ..jobs.status import STOP_STATUSES, JobStatus
+
+log = logging.getLogger("choreography_ray.recovery")
+
+
+@dataclass
+class RehydrationReport:
+    queued: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    finished_stops: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+class Rehydration:
+    """Recovery of one manager's jobs: all interrupted ones, or one a storage failure let go."""
+
+    def __init__(self, manager: JobsManager) -> None:
+        self.manager = manager
+        self.ctx = manager.ctx
+        self._drain: asyncio.Task[RehydrationReport] | None = None
+        self._preparing: asyncio.Future[asyncio.Task[RehydrationReport]] | None = None
+        self._recovering: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def rehydrate(self) -> asyncio.Task[RehydrationReport]:
+        """Clean up, load every interrupted job, and resume them in the background.
+
+        Returns once the jobs are loaded, before they resume; the returned task ends when the
+        drain does. An overlapping call shares the drain under way.
+        """
+        if self._drain is not None and not self._drain.done():
+            return self._drain
+        if self._preparing is not None:
+            return await asyncio.shield(self._preparing)
+        preparing = self._preparing = asyncio.get_running_loop().create_future()
+        try:
+            await self.manager.cleanup()
+            interrupted = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(
+                INTERRUPTED_STATUSES
+            )
+            interrupted.sort(key=lambda job: (job.created, job.id))
+            self._drain = asyncio.get_running_loop().create_task(self._recover_all(interrupted))
+            preparing.set_result(self._drain)
+            return self._drain
+        except BaseException as error:
+            preparing.set_exception(error)
+            preparing.exception()  # retrieved: callers that share it get it through shield
+            raise
+        finally:
+            self._preparing = None
+
+    async def _recover_all(self, jobs: list[JobState]) -> RehydrationReport:
+        report = RehydrationReport(queued=[job.id for job in jobs])
+        limit = asyncio.Semaphore(self.ctx.options.max_concurrent_rehydration)
+
+        async def recover(job: JobState) -> None:
+            async with limit:
+                if self.manager.closed:
+                    return  # the host stopped: the job stays in storage for the next pass
+                try:
+                    await self._recover(job.id, report)
+                except Exception as error:
+                    log.warning("job %s could not be recovered: %s", job.id, error)
+                    report.failed.append(job.id)
+
+        await asyncio.gather(*(recover(job) for job in jobs))
+        return report
+
+    async def _recover(self, job_id: str, report: RehydrationReport) -> None:
+        # Re-read at dispatch: a stop issued while the job waited in the queue wins.
+        current = await self.ctx.storage.jobs.find(job_id)
+        if (
+            current is None
+            or current.status not in INTERRUPTED_STATUSES
+            or (current.status == JobStatus.STOPPED and current.stop_finalized)
+        ):
+            report.skipped.append(job_id)
+            return
+        if not self.ctx.registry.knows(current.type, TypeKind.JOB):
+            raise UnknownTypeError(current.type, "job")
+        live = self.manager.live(job_id)
+        if live is not None and live.has_work:
+            report.skipped.append(job_id)
+            return
+        activation = await self.manager.activate(job_id)
+        if current.status in STOP_STATUSES:
+            await activation.finish_stop()
+            report.finished_stops.append(job_id)
+            return
+        await activation.resume(recovering=True)
+        report.resumed.append(job_id)
+
+    def recover_later(self, job_id: str) -> None:
+        """Bring back a job a storage failure let go: one chain of attempts per job."""
+        if job_id in self._recovering:
+            return
+        self._recovering.add(job_id)
+        task = asyncio.get_running_loop().create_task(self._recover_with_backoff(job_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recover_with_backoff(self, job_id: str) -> None:
+        """Attempts backing off from `step_delivery_retry_delay`, until the job runs again."""
+        options = self.ctx.options
+        delay = options.step_delivery_retry_delay.total_seconds()
+        try:
+            for _ in range(options.step_delivery_max_attempts):
+                await self.ctx.clock.sleep(delay)
+                if self.manager.closed or self.manager.live(job_id) is not None:
+                    return
+                try:
+                    state = await self.ctx.storage.jobs.find(job_id)
+                    if state is None or state.status not in INTERRUPTED_STATUSES:
+                        return
+                    await self._recover(job_id, RehydrationReport())
+                    if self.manager.live(job_id) is not None:
+                        return
+                except Exception as error:
+                    log.warning(
+                        "job %s: recovery after a storage failure failed: %s", job_id, error
+                    )
+                delay = min(options.max_step_delivery_retry_delay.total_seconds(), delay * 2)
+            log.warning(
+                "job %s: gave up recovering it after a storage failure; rehydration or a "
+                "restart will pick it up",
+                job_id,
+            )
+        finally:
+            self._recovering.discard(job_id)
+
+    def close(self) -> None:
+        """Stop every drain and attempt under way; jobs stay in storage for the next host."""
+        if self._drain is not None:
+            self._drain.cancel()
+        for task in list(self._tasks):
+            task.cancel()
