@@ -534,6 +534,44 @@ def test_a_late_stop_report_of_an_earlier_execution_is_not_counted(run, cluster,
     assert state.progress.stopped_steps == 0
 
 
+def test_a_late_stop_report_of_an_earlier_execution_does_not_finish_a_later_stop(
+    run, cluster, script, monkeypatch
+):
+    """Stopped again in its second execution, the job waits for that execution's step to
+    stop: a stop the first execution reports late is not that step stopping."""
+    from choreography_ray.engine.messages import StepReport, StopResult
+
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        await cluster.manager().resume(result.job_id)  # the second execution runs `a` again
+        await cluster.settle()
+        [step] = await cluster.storage().steps.get_for_job(result.job_id)
+
+        async def still_stopping(request):  # the worker is told; its run has not settled yet
+            return StopResult(stopping=[step.id])
+
+        monkeypatch.setattr(cluster, "stop_steps", still_stopping)
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        activation = cluster.manager().activation(result.job_id)
+        activation.deliver([StepReport(step.id, JobStepStatus.STOPPED, generation=1, attempt=1)])
+        await cluster.settle()
+        late = await cluster.manager().get(result.job_id)
+        activation.deliver([StepReport(step.id, JobStepStatus.STOPPED, generation=2, attempt=1)])
+        await cluster.settle()
+        return late, await cluster.manager().get(result.job_id)
+
+    late, settled = run(scenario())
+    assert late.status == JobStatus.STOPPED and late.execution_generation == 2
+    assert (late.stop_finalized, late.progress.stopped_steps) == (False, 0)
+    assert (settled.stop_finalized, settled.progress.stopped_steps) == (True, 1)
+
+
 # -- retries and windows -----------------------------------------------------------------------
 
 
