@@ -18,7 +18,12 @@ from choreography_ray.jobs import (
     StopJobError,
     StopJobFailed,
 )
-from choreography_ray.jobs.errors import CannotResumeJobError, RemoveJobError, RemoveJobFailed
+from choreography_ray.jobs.errors import (
+    CannotResumeJobError,
+    NoEligibleJobWorker,
+    RemoveJobError,
+    RemoveJobFailed,
+)
 from choreography_ray.testing import InProcessCluster
 
 from .fixtures import ClearingJob, RetryingJob, ScenarioJob, WindowJob, request
@@ -410,6 +415,57 @@ def test_when_resuming_and_a_step_fails_to_start_the_job_still_runs(run, cluster
 
     during, state = run(scenario())
     assert during.status == JobStatus.RUNNING
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+# The placement spec's moments when no worker takes a start: the moment decides, not the error.
+UNDELIVERED = [
+    pytest.param(NoEligibleJobWorker("no worker host qualifies"), id="no-eligible-worker"),
+    pytest.param(ConnectionError("the worker host went away"), id="lost-connection"),
+]
+
+
+@pytest.mark.parametrize("error", UNDELIVERED)
+def test_when_starting_and_no_worker_takes_the_start_the_steps_count_failed(
+    run, cluster, script, error
+):
+    async def scenario():
+        cluster.dispatch_fault = error
+        result = await cluster.start(ScenarioJob, request("a", "b"))
+        cluster.dispatch_fault = None
+        state = await cluster.wait(result.job_id)
+        return result, state, await cluster.storage().steps.get_for_job(result.job_id)
+
+    result, state, steps = run(scenario())
+    assert result.error == StartJobError.ALL_JOB_STEPS_FAILED_STARTING
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 2
+    assert all(s.is_prepared and s.status == JobStepStatus.UNKNOWN for s in steps)  # never ran
+    assert script.runs == []
+
+
+@pytest.mark.parametrize("error", UNDELIVERED)
+def test_when_resuming_and_no_worker_takes_the_start_the_watchdog_sends_it_again(
+    run, cluster, script, options, error
+):
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.crash()
+        cluster.dispatch_fault = error
+        answer = await cluster.manager().resume(result.job_id)
+        await cluster.advance(options.job_watchdog_interval.total_seconds())  # still none
+        during = await cluster.manager().get(result.job_id)
+        cluster.dispatch_fault = None
+        script.behaviour["a"].block = False
+        await cluster.advance(options.job_watchdog_interval.total_seconds())
+        return answer, during, await cluster.wait(result.job_id)
+
+    answer, during, state = run(scenario())
+    assert answer == ResumeJobSuccess.SUCCESS
+    assert during.status == JobStatus.RUNNING and during.progress.failed_steps == 0
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
 
 
