@@ -387,18 +387,19 @@ class JobsManager:
         await asyncio.gather(*(expire(job) for job in expired))
         return report.terminal_jobs_removed
 
-    def schedule_cleanup(self) -> None:
-        """Clean up every `cleanup_cadence` until the manager closes (idempotent).
+    def _schedule_cleanup(self) -> None:
+        """Clean up every `cleanup_cadence` until the manager closes (once per manager).
 
         Each round is bounded (`max_terminal_jobs_per_cleanup`, `max_concurrent_cleanup`) and
-        isolated: a failing round is logged and the next one runs on time.
+        isolated (`cleanup` catches each part's failure): a failing round is logged and the
+        next one runs on time. `close` cancels it.
         """
-        if self._cleanup is None and not self._closed:
+        if self._cleanup is None:
             self._cleanup = asyncio.get_running_loop().create_task(self._clean_up_periodically())
 
     async def _clean_up_periodically(self) -> None:
         cadence = self.ctx.options.cleanup_cadence.total_seconds()
-        while not self._closed:
+        while True:
             await self.ctx.clock.sleep(cadence)
             report = await self.cleanup()
             if report.errors:
@@ -414,7 +415,7 @@ class JobsManager:
         ends when they all resumed and yields the rehydration's report."""
         if self._closed:
             raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
-        self.schedule_cleanup()
+        self._schedule_cleanup()
         return await self._recovery.rehydrate()
 
     # -- shutdown -------------------------------------------------------------------------------

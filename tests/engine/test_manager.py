@@ -926,6 +926,83 @@ def test_when_cleanup_fails_rehydration_still_resumes_interrupted_jobs(run, scri
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
 
 
+# == scheduled cleanup =========================================================================
+
+SCHEDULED = JobsOptions(
+    max_parallel_steps=8, cleanup_cadence=timedelta(minutes=10), terminal_job_retention=HOUR
+)
+
+
+def _terminal_queries(interceptor: Interceptor) -> int:
+    return sum(
+        1
+        for name, args in interceptor.calls
+        if name == "jobs.query" and args and args[0].statuses == TERMINAL_JOB_STATUSES
+    )
+
+
+def test_after_rehydration_cleanup_runs_every_cadence_and_expires_terminal_jobs(run, script):
+    interceptor = Interceptor()
+
+    async def scenario():
+        async with new_cluster(SCHEDULED, wrap_storage=interceptor.wrap) as cluster:
+            await cluster.start(ScenarioJob, request("done"), job_id="done")
+            await cluster.settle()
+            await (await cluster.manager().rehydrate())  # cleans up once, then every cadence
+            rounds = [_terminal_queries(interceptor)]
+            await cluster.advance(9 * 60)  # not a cadence yet
+            rounds.append(_terminal_queries(interceptor))
+            await cluster.advance(60 + 5 * 10 * 60)  # five cadences: within the retention
+            rounds.append(_terminal_queries(interceptor))
+            kept = await stored(cluster, "done")
+            await cluster.advance(2 * 10 * 60)  # past the retention
+            return rounds, kept, await stored(cluster, "done")
+
+    rounds, kept, expired = run(scenario())
+    assert rounds == [1, 1, 7]
+    assert kept is not None and kept.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert expired is None
+
+
+def test_a_scheduled_cleanup_that_fails_is_tried_again_at_the_next_cadence(run, script):
+    interceptor = Interceptor()
+
+    async def scenario():
+        async with new_cluster(SCHEDULED, wrap_storage=interceptor.wrap) as cluster:
+            await cluster.start(ScenarioJob, request("done"), job_id="done")
+            await cluster.settle()
+            await (await cluster.manager().rehydrate())
+            await cluster.advance(HOUR + 10 * 60 - 1)  # expired, the next round not due
+            interceptor.hooks["jobs.query"] = _failing_query(TERMINAL_JOB_STATUSES)
+            await cluster.advance(1)  # this round fails
+            failed = await stored(cluster, "done")
+            del interceptor.hooks["jobs.query"]
+            await cluster.advance(10 * 60)
+            return failed, await stored(cluster, "done")
+
+    failed, after = run(scenario())
+    assert failed is not None
+    assert after is None
+
+
+def test_when_the_manager_closes_scheduled_cleanup_stops(run, script):
+    interceptor = Interceptor()
+
+    async def scenario():
+        async with new_cluster(SCHEDULED, wrap_storage=interceptor.wrap) as cluster:
+            await cluster.start(ScenarioJob, request("done"), job_id="done")
+            await cluster.settle()
+            await (await cluster.manager().rehydrate())
+            cluster.manager().close()
+            before = _terminal_queries(interceptor)
+            await cluster.advance(2 * HOUR)
+            return before, _terminal_queries(interceptor), await stored(cluster, "done")
+
+    before, after, kept = run(scenario())
+    assert after == before
+    assert kept is not None
+
+
 # == rehydration ===============================================================================
 
 
