@@ -304,7 +304,6 @@ def job_states(
         stored_step_plan_incarnation=draw(maybe(st.integers(0, 1000))),
         stop_finalized=draw(st.booleans()),
         stopped_steps_counted=draw(st.lists(ids(), max_size=4, unique=True)),
-        completed_steps_counted=draw(st.lists(ids(), max_size=4, unique=True)),
         execution_generation=draw(st.integers(0, 1000)),
         pending_drain=draw(st.booleans()),
         owner=draw(maybe(owners())),

@@ -18,7 +18,6 @@ __all__ = [
     "ConfigurationError",
     "DrainJobResult",
     "InvalidOptionError",
-    "JobError",
     "JobNotFoundError",
     "JobOperationError",
     "JobStepError",
@@ -26,7 +25,6 @@ __all__ = [
     "MalformedRecordError",
     "NoEligibleJobWorker",
     "OwnedElsewhereError",
-    "PerformWorkError",
     "PrepareJobStepError",
     "RecordNotFoundError",
     "RemoveJobError",
@@ -88,15 +86,6 @@ class RemoveJobError(IntEnum):
     JOB_IS_ALREADY_BEING_REMOVED = 2
 
 
-class JobError(IntEnum):
-    """Answers of a job to a step's report."""
-
-    JOB_IS_STOPPED_OR_COMPLETED = 0
-    UNKNOWN_ERROR = 1
-    STORAGE_ERROR = 2
-    PERSIST_STATE_ERROR = 3
-
-
 class JobStepError(IntEnum):
     UNKNOWN = 0
     FAILED_TO_PERSIST_STATE = 1
@@ -149,13 +138,6 @@ class ActivationCallbackRejected(IntEnum):
     STALE_RUN = 1
     CLOSED = 2
     CANCELLED = 3
-
-
-class PerformWorkError(IntEnum):
-    NONE = 0
-    CANCELLED = 1
-    WORKER_ERROR = 2
-    PERFORMING_WORK_ERROR = 3
 
 
 class DrainJobResult(IntEnum):

@@ -163,7 +163,6 @@ class JobState(_Model):
     stored_step_plan_incarnation: int | None = None
     stop_finalized: bool = False
     stopped_steps_counted: list[str] = Field(default_factory=list)
-    completed_steps_counted: list[str] = Field(default_factory=list)
     execution_generation: int = 0
     pending_drain: bool = False
     owner: JobOwner | None = None

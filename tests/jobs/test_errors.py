@@ -15,14 +15,12 @@ from choreography_ray.jobs.errors import (
     ChoreographyError,
     ConfigurationError,
     InvalidOptionError,
-    JobError,
     JobNotFoundError,
     JobOperationError,
     JobStepError,
     JobTypesError,
     MalformedRecordError,
     NoEligibleJobWorker,
-    PerformWorkError,
     PrepareJobStepError,
     RecordNotFoundError,
     RemoveJobError,
@@ -70,12 +68,6 @@ REFERENCE_CODES: dict[type[IntEnum], dict[str, int]] = {
         "COULD_NOT_PERSIST_STOP": 4,  # ours
     },
     RemoveJobError: {"UNKNOWN": 0, "JOB_IS_COMPLETED": 1, "JOB_IS_ALREADY_BEING_REMOVED": 2},
-    JobError: {
-        "JOB_IS_STOPPED_OR_COMPLETED": 0,
-        "UNKNOWN_ERROR": 1,
-        "STORAGE_ERROR": 2,
-        "PERSIST_STATE_ERROR": 3,
-    },
     JobStepError: {
         "UNKNOWN": 0,
         "FAILED_TO_PERSIST_STATE": 1,
@@ -107,7 +99,6 @@ REFERENCE_CODES: dict[type[IntEnum], dict[str, int]] = {
         "MALFORMED_RECORD": 3,  # ours
     },
     ActivationCallbackRejected: {"NO_RUN": 0, "STALE_RUN": 1, "CLOSED": 2, "CANCELLED": 3},
-    PerformWorkError: {"NONE": 0, "CANCELLED": 1, "WORKER_ERROR": 2, "PERFORMING_WORK_ERROR": 3},
 }
 
 

@@ -382,8 +382,14 @@ def test_a_minimal_job_record_reads_with_defaults_for_later_fields() -> None:
     assert not state.has_stored_step_plan
     assert not state.stop_finalized
     assert state.stopped_steps_counted == []
-    assert state.completed_steps_counted == []
     assert state.version == 0
+
+
+def test_a_job_record_with_the_dropped_completed_steps_counted_still_reads() -> None:
+    """Records written before the field was dropped (the activation recounts from steps)."""
+    record = {"id": "job-1", "type": EXAMPLES.job_type, "created": NOW.isoformat()}
+    state = JobState.model_validate_json(json.dumps({**record, "completed_steps_counted": ["s"]}))
+    assert state.id == "job-1" and "completed_steps_counted" not in state.model_dump()
 
 
 def test_a_minimal_step_record_reads_as_a_first_attempt_in_the_first_stage() -> None:
