@@ -10,10 +10,10 @@ to the manager as a `Recovery`: the engine does not import it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
@@ -30,12 +30,11 @@ from ..jobs.job import Job
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobState
 from ..jobs.status import (
-    PREPARING_JOB_STATUSES,
     RUNNING_JOB_STATUSES,
     STOP_STATUSES,
-    TERMINAL_JOB_STATUSES,
 )
 from ..storage.protocols import JobQuery
+from .cleanup import Cleanup, CleanupReport
 from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
@@ -46,13 +45,6 @@ _WAIT_POLL = 0.25
 log = logging.getLogger("choreography_ray.engine")
 
 INTERRUPTED_STATUSES = RUNNING_JOB_STATUSES | STOP_STATUSES
-
-
-@dataclass
-class CleanupReport:
-    dead_jobs_removed: list[str] = field(default_factory=list)
-    terminal_jobs_removed: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
 
 
 class Recovery(Protocol):
@@ -87,7 +79,7 @@ class JobsManager:
         if factory is None:
             raise TypeError("JobsManager needs a recovery: import choreography_ray.recovery")
         self._recovery = factory(self)
-        self._cleanup: asyncio.Task[None] | None = None
+        self._cleanup = Cleanup(ctx, self._activations.__contains__)
         self._changed = asyncio.Event()
         """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""
         self.writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
@@ -309,103 +301,17 @@ class JobsManager:
 
     async def cleanup(self) -> CleanupReport:
         """Dead-job cleanup, then terminal retention; a failure in one never stops the other."""
-        report = CleanupReport()
-        try:
-            await self.cleanup_dead_jobs(report)
-        except Exception as error:
-            log.exception("dead-job cleanup failed")
-            report.errors.append(f"dead-job cleanup: {error}")
-        try:
-            await self.cleanup_terminal_jobs(report)
-        except Exception as error:
-            log.exception("terminal-job cleanup failed")
-            report.errors.append(f"terminal-job cleanup: {error}")
-        return report
+        return await self._cleanup.run()
 
-    async def cleanup_dead_jobs(self, report: CleanupReport | None = None) -> list[str]:
+    async def cleanup_dead_jobs(self, report: CleanupReport | None = None) -> builtins.list[str]:
         """Remove preparing jobs older than the threshold that stored no step and no plan."""
-        report = report or CleanupReport()
-        options = self.ctx.options
-        before = self.ctx.clock.now() - options.dead_job_threshold
-        candidates = await self.ctx.storage.jobs.query(
-            JobQuery(
-                statuses=PREPARING_JOB_STATUSES,
-                created_before=before,
-                take=options.max_terminal_jobs_per_cleanup,
-            )
-        )
-        limit = asyncio.Semaphore(options.max_concurrent_cleanup)
+        return await self._cleanup.dead_jobs(report)
 
-        async def reap(job: JobState) -> None:
-            async with limit:
-                if job.plan is not None or job.has_stored_step_plan or job.id in self._activations:
-                    return
-                try:
-                    if await self.ctx.storage.steps.count_for_job(job.id) != 0:
-                        return
-                    if await self.ctx.storage.jobs.remove(job.id):
-                        report.dead_jobs_removed.append(job.id)
-                except Exception as error:
-                    log.exception("could not clean up dead job %s", job.id)
-                    report.errors.append(f"{job.id}: {error}")
-
-        await asyncio.gather(*(reap(job) for job in candidates))
-        return report.dead_jobs_removed
-
-    async def cleanup_terminal_jobs(self, report: CleanupReport | None = None) -> list[str]:
+    async def cleanup_terminal_jobs(
+        self, report: CleanupReport | None = None
+    ) -> builtins.list[str]:
         """Remove completed and failed jobs older than the retention, steps first."""
-        report = report or CleanupReport()
-        options = self.ctx.options
-        if options.terminal_job_retention is None:
-            return []
-        before = self.ctx.clock.now() - options.terminal_job_retention
-        expired = await self.ctx.storage.jobs.query(
-            JobQuery(
-                statuses=TERMINAL_JOB_STATUSES,
-                created_before=before,
-                take=options.max_terminal_jobs_per_cleanup,
-            )
-        )
-        limit = asyncio.Semaphore(options.max_concurrent_cleanup)
-
-        async def expire(job: JobState) -> None:
-            async with limit:
-                try:
-                    await self.ctx.storage.steps.remove_all_for_job(job.id)
-                    if not await self.ctx.storage.jobs.remove_terminal(job.id):
-                        log.info("job %s was not removed: it is no longer terminal", job.id)
-                        return
-                    if job.stored_step_plan_incarnation is not None and self.ctx.storage.plans:
-                        await self.ctx.storage.plans.delete_plan(
-                            job.id, job.stored_step_plan_incarnation
-                        )
-                    report.terminal_jobs_removed.append(job.id)
-                except Exception as error:
-                    log.exception("could not remove expired job %s", job.id)
-                    report.errors.append(f"{job.id}: {error}")
-
-        await asyncio.gather(*(expire(job) for job in expired))
-        return report.terminal_jobs_removed
-
-    def _schedule_cleanup(self) -> None:
-        """Clean up every `cleanup_cadence` until the manager closes (once per manager).
-
-        Each round is bounded (`max_terminal_jobs_per_cleanup`, `max_concurrent_cleanup`) and
-        isolated (`cleanup` catches each part's failure): a failing round is logged and the
-        next one runs on time. `close` cancels it.
-        """
-        if self._cleanup is None:
-            self._cleanup = asyncio.get_running_loop().create_task(self._clean_up_periodically())
-
-    async def _clean_up_periodically(self) -> None:
-        cadence = self.ctx.options.cleanup_cadence.total_seconds()
-        while True:
-            await self.ctx.clock.sleep(cadence)
-            report = await self.cleanup()
-            if report.errors:
-                log.warning(
-                    "cleanup: %d error(s); trying again in %ss", len(report.errors), cadence
-                )
+        return await self._cleanup.terminal_jobs(report)
 
     # -- recovery -------------------------------------------------------------------------------
 
@@ -415,7 +321,7 @@ class JobsManager:
         ends when they all resumed and yields the rehydration's report."""
         if self._closed:
             raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
-        self._schedule_cleanup()
+        self._cleanup.schedule()
         return await self._recovery.rehydrate()
 
     # -- shutdown -------------------------------------------------------------------------------
@@ -423,8 +329,7 @@ class JobsManager:
     def close(self) -> None:
         """Stop cleanup and recovery; activations are dropped without writing anything."""
         self._closed = True
-        if self._cleanup is not None:
-            self._cleanup.cancel()
+        self._cleanup.close()
         self._recovery.close()
         for activation in list(self._activations.values()):
             activation.drop()

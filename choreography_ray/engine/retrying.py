@@ -47,4 +47,4 @@ class RetryRule:
         """Seconds before attempt `attempt + 1`: doubling from the base, up to the cap."""
         base = self.options.step_retry_backoff.total_seconds()
         cap = self.options.max_step_retry_backoff.total_seconds()
-        return min(cap, base * 2 ** (attempt - 1))
+        return min(cap, base * 2.0 ** (attempt - 1))

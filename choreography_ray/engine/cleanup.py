@@ -1,0 +1,141 @@
+"""Housekeeping of one partition: dead-job cleanup and terminal-job retention.
+
+A round is bounded (`max_terminal_jobs_per_cleanup` jobs, `max_concurrent_cleanup` at once) and
+each part is isolated from the other's failure; rounds run every `cleanup_cadence` once
+scheduled, through the injectable clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..jobs.state import JobState
+from ..jobs.status import PREPARING_JOB_STATUSES, TERMINAL_JOB_STATUSES
+from ..storage.protocols import JobQuery
+from .context import EngineContext
+
+log = logging.getLogger("choreography_ray.engine")
+
+
+@dataclass
+class CleanupReport:
+    dead_jobs_removed: list[str] = field(default_factory=list)
+    terminal_jobs_removed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Cleanup:
+    """Removes dead and expired jobs, on demand or every `cleanup_cadence`."""
+
+    def __init__(self, ctx: EngineContext, is_active: Callable[[str], bool]) -> None:
+        self.ctx = ctx
+        self._is_active = is_active
+        """Whether a job has an activation here (a dead-looking job being started is not dead)."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self) -> CleanupReport:
+        """Dead-job cleanup, then terminal retention; a failure in one never stops the other."""
+        report = CleanupReport()
+        try:
+            await self.dead_jobs(report)
+        except Exception as error:
+            log.exception("dead-job cleanup failed")
+            report.errors.append(f"dead-job cleanup: {error}")
+        try:
+            await self.terminal_jobs(report)
+        except Exception as error:
+            log.exception("terminal-job cleanup failed")
+            report.errors.append(f"terminal-job cleanup: {error}")
+        return report
+
+    async def dead_jobs(self, report: CleanupReport | None = None) -> list[str]:
+        """Remove preparing jobs older than the threshold that stored no step and no plan."""
+        report = report or CleanupReport()
+        options = self.ctx.options
+        before = self.ctx.clock.now() - options.dead_job_threshold
+        candidates = await self.ctx.storage.jobs.query(
+            JobQuery(
+                statuses=PREPARING_JOB_STATUSES,
+                created_before=before,
+                take=options.max_terminal_jobs_per_cleanup,
+            )
+        )
+        limit = asyncio.Semaphore(options.max_concurrent_cleanup)
+
+        async def reap(job: JobState) -> None:
+            async with limit:
+                if job.plan is not None or job.has_stored_step_plan or self._is_active(job.id):
+                    return
+                try:
+                    if await self.ctx.storage.steps.count_for_job(job.id) != 0:
+                        return
+                    if await self.ctx.storage.jobs.remove(job.id):
+                        report.dead_jobs_removed.append(job.id)
+                except Exception as error:
+                    log.exception("could not clean up dead job %s", job.id)
+                    report.errors.append(f"{job.id}: {error}")
+
+        await asyncio.gather(*(reap(job) for job in candidates))
+        return report.dead_jobs_removed
+
+    async def terminal_jobs(self, report: CleanupReport | None = None) -> list[str]:
+        """Remove completed and failed jobs older than the retention, steps first."""
+        report = report or CleanupReport()
+        options = self.ctx.options
+        if options.terminal_job_retention is None:
+            return []
+        before = self.ctx.clock.now() - options.terminal_job_retention
+        expired = await self.ctx.storage.jobs.query(
+            JobQuery(
+                statuses=TERMINAL_JOB_STATUSES,
+                created_before=before,
+                take=options.max_terminal_jobs_per_cleanup,
+            )
+        )
+        limit = asyncio.Semaphore(options.max_concurrent_cleanup)
+
+        async def expire(job: JobState) -> None:
+            async with limit:
+                try:
+                    await self.ctx.storage.steps.remove_all_for_job(job.id)
+                    if not await self.ctx.storage.jobs.remove_terminal(job.id):
+                        log.info("job %s was not removed: it is no longer terminal", job.id)
+                        return
+                    if job.stored_step_plan_incarnation is not None and self.ctx.storage.plans:
+                        await self.ctx.storage.plans.delete_plan(
+                            job.id, job.stored_step_plan_incarnation
+                        )
+                    report.terminal_jobs_removed.append(job.id)
+                except Exception as error:
+                    log.exception("could not remove expired job %s", job.id)
+                    report.errors.append(f"{job.id}: {error}")
+
+        await asyncio.gather(*(expire(job) for job in expired))
+        return report.terminal_jobs_removed
+
+    def schedule(self) -> None:
+        """Clean up every `cleanup_cadence` until the manager closes (once per manager).
+
+        Each round is bounded (`max_terminal_jobs_per_cleanup`, `max_concurrent_cleanup`) and
+        isolated (`cleanup` catches each part's failure): a failing round is logged and the
+        next one runs on time. `close` cancels it.
+        """
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._periodically())
+
+    async def _periodically(self) -> None:
+        cadence = self.ctx.options.cleanup_cadence.total_seconds()
+        while True:
+            await self.ctx.clock.sleep(cadence)
+            report = await self.run()
+            if report.errors:
+                log.warning(
+                    "cleanup: %d error(s); trying again in %ss", len(report.errors), cadence
+                )
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
