@@ -185,7 +185,7 @@ class Starting:
             return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except Exception as error:
             return await self.fail(error, StartJobError.UNKNOWN)
-        return await self._enter_running(incomplete=not clean_start, resuming=not clean_start)
+        return await self._enter_running(resuming=not clean_start)
 
     async def _prepare_steps(self, plan: list[PlannedStep], existing: set[str]) -> str | None:
         """Prepare and store every planned step not stored yet. Returns a failure reason.
@@ -250,11 +250,13 @@ class Starting:
             if rest:
                 await self._store_prepared(rest)
 
-    async def _enter_running(self, *, incomplete: bool, resuming: bool) -> JobStartResult:
+    async def _enter_running(self, *, resuming: bool) -> JobStartResult:
+        """Write Running and dispatch. A start that reaches no worker fails its steps on a clean
+        start; when recovery finishes a preparation it is sent again (see `Stages`)."""
         record = self.record
         state = record.state
         try:
-            await self.core.dispatch_hook(incomplete=incomplete, resuming=resuming)
+            await self.core.dispatch_hook(incomplete=resuming, resuming=resuming)
         except Exception as error:
             return await self.fail(error, StartJobError.UNKNOWN)
         state.plan = None
@@ -268,7 +270,7 @@ class Starting:
                 self.id, StartJobError.UNKNOWN, f"could not write Running: {error}"
             )
         try:
-            failed = await self.stages.advance(dispatch_failures_fail=True)
+            failed = await self.stages.advance(dispatch_failures_fail=not resuming)
             await record.save_progress()
         except Exception as error:
             record.release(f"moving the job on failed: {error}")

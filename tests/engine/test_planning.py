@@ -12,6 +12,7 @@ from choreography_ray.jobs import (
     StartJobError,
     default_registry,
 )
+from choreography_ray.jobs.errors import NoEligibleJobWorker
 from choreography_ray.jobs.job import Job
 from choreography_ray.jobs.step import JobStep
 from choreography_ray.storage.protocols import JobsStorage
@@ -355,6 +356,34 @@ def test_recovery_of_a_starting_job_prepares_only_what_is_missing_and_says_so(
     assert sorted(s.id for s in steps) == sorted(plan_ids)  # original identities
     assert "on_before_starting_job_steps" not in script.hooks  # never replayed
     assert script.dispatch_contexts[-1].initialization_may_be_incomplete is True
+
+
+@pytest.mark.parametrize("error", [NoEligibleJobWorker("none qualifies"), ConnectionError("gone")])
+def test_recovery_of_a_starting_job_that_no_worker_takes_keeps_it_running_and_sends_again(
+    run, script, error
+):
+    """Finishing a preparation is a resume, not a start: the placement spec's resume moment."""
+
+    async def scenario():
+        faults = WriteFaults(fail_from=5)  # interrupted in StartingSteps (see above)
+        cluster = await _cluster(wrap_storage=faults.wrap)
+        try:
+            result = await cluster.start(ScenarioJob, request("a", "b"))
+            faults.fail_from = None
+            await cluster.crash()
+            cluster.dispatch_fault = error
+            report = await (await cluster.manager().rehydrate())
+            during = await cluster.manager().get(result.job_id)
+            cluster.dispatch_fault = None
+            await cluster.advance(cluster.options.job_watchdog_interval.total_seconds())
+            return report, during, await cluster.wait(result.job_id)
+        finally:
+            await cluster.close()
+
+    report, during, final = run(scenario())
+    assert report.resumed == [final.id]
+    assert during.status == JobStatus.RUNNING and during.progress.failed_steps == 0
+    assert final.status == JobStatus.COMPLETED_SUCCESSFULLY
 
 
 def test_the_flag_is_false_on_an_ordinary_resume(run, cluster, script):
