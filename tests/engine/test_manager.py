@@ -1003,6 +1003,50 @@ def test_when_the_manager_closes_scheduled_cleanup_stops(run, script):
     assert kept is not None
 
 
+# == recovery is handed to the manager ==========================================================
+
+
+class _RecordingRecovery:
+    def __init__(self, manager: Any) -> None:
+        self.calls: list[str] = []
+
+    async def rehydrate(self) -> asyncio.Task[Any]:
+        self.calls.append("rehydrate")
+        return asyncio.get_running_loop().create_task(asyncio.sleep(0))
+
+    def recover_later(self, job_id: str) -> None:
+        self.calls.append(f"recover_later {job_id}")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_a_manager_uses_the_recovery_it_is_handed(run, cluster):
+    from choreography_ray.engine.manager import JobsManager
+
+    made: list[_RecordingRecovery] = []
+
+    def recovery(manager: JobsManager) -> _RecordingRecovery:
+        made.append(_RecordingRecovery(manager))
+        return made[-1]
+
+    async def scenario():
+        manager = JobsManager(cluster.manager().ctx, recovery=recovery)
+        await (await manager.rehydrate())
+        manager.close()
+        return made[0].calls
+
+    assert run(scenario()) == ["rehydrate", "close"]
+
+
+def test_a_manager_without_a_recovery_says_what_is_missing(cluster, monkeypatch):
+    from choreography_ray.engine.manager import JobsManager
+
+    monkeypatch.setattr(JobsManager, "default_recovery", None)
+    with pytest.raises(TypeError, match="needs a recovery"):
+        JobsManager(cluster.manager().ctx)
+
+
 # == rehydration ===============================================================================
 
 
