@@ -15,8 +15,11 @@ __all__ = [
     "ActivationCallbackRejected",
     "CannotResumeJobError",
     "ChoreographyError",
+    "ClusterAuthenticationError",
     "ConfigurationError",
     "DrainJobResult",
+    "HostError",
+    "InvalidJobIdError",
     "InvalidOptionError",
     "JobNotFoundError",
     "JobOperationError",
@@ -299,3 +302,23 @@ class ShuttingDownError(ChoreographyError):
 
 class NoEligibleJobWorker(ChoreographyError):
     """Raised by a placement director when no node qualifies for a job or step."""
+
+
+class InvalidJobIdError(ChoreographyError, ValueError):
+    """Raised before any remote call when a job id cannot name a job (empty, too long, a
+    control character, a path separator, surrounding whitespace)."""
+
+    def __init__(self, job_id: object, reason: str) -> None:
+        super().__init__(f"job id {job_id!r} {reason}")
+        self.job_id = job_id
+        self.reason = reason
+
+
+class HostError(ChoreographyError):
+    """Raised when a host actor failed a call with an error that is not one of ours, or died
+    during it; the message is one line, the host's traceback stays in its log."""
+
+
+class ClusterAuthenticationError(ConfigurationError):
+    """Raised when the Ray cluster refuses this process because it uses token authentication
+    and this process has no (or another) token."""

@@ -4,16 +4,20 @@
     job_id = jobs.start(RebuildIndex, RebuildIndexRequest(...), scope="studio")
     state = jobs.wait(job_id, progress=True)
 
-`connect` starts a local Ray when there is none (or joins the cluster at `address`), writes the
-cluster configuration once, and makes sure the host actors run. Every call goes to a controller
-host by name, so another driver, or this one after a restart, sees the same jobs. `jobs.aio`
-offers the same calls as coroutines.
+`connect` (runtime/connection.py) configures the cluster and returns a `Jobs`. Every call goes to
+a controller host found by name, so another driver, or this one after a restart, sees the same
+jobs; a client whose controller host was replaced finds the new one by name and goes on.
+Arguments are checked here, before any remote call, and every failure reaches the caller as one
+of the project's exceptions with a one-line message. `jobs.aio` offers the same calls as
+coroutines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
@@ -22,7 +26,6 @@ from pydantic import BaseModel
 
 from ..engine.job import JobStartResult
 from ..jobs.errors import (
-    ChoreographyError,
     ConfigurationError,
     JobNotFoundError,
     ResumeJobSuccess,
@@ -30,104 +33,23 @@ from ..jobs.errors import (
     StartJobFailed,
 )
 from ..jobs.job import Job
-from ..jobs.options import JobsOptions
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..storage.protocols import JobQuery
-from .config import ClusterConfig, check_same_storage, merge, read_config, write_config
+from .arguments import check_job_id, check_query, job_key
+from .config import merge, read_config, write_config
 from .constants import NAMESPACE, controller_name
-from .placement import start_hosts
+from .remote import is_host_gone, project_error
 
 T = TypeVar("T")
 
-DEFAULT_STORAGE = "sqlite:///.choreography/jobs.db"
-
-
-def connect(
-    storage: str | None = None,
-    *,
-    address: str | None = None,
-    namespace: str = NAMESPACE,
-    options: JobsOptions | None = None,
-    modules: list[str] | tuple[str, ...] = (),
-    max_parallel_steps: int | None = None,
-    workers_per_node: int = 1,
-    runtime_env: dict[str, Any] | None = None,
-) -> Jobs:
-    """Connect to the job system of a Ray cluster, starting what is missing.
-
-    `address`: None lets Ray decide (RAY_ADDRESS, else a cluster started with `ray start` on
-    this machine, else a new local Ray); "auto" joins a running cluster on this machine;
-    "host:port" or "ray://host:10001" joins that one. `storage` is needed the first time a
-    cluster is used (it defaults to SQLite under .choreography/ then); later connections may
-    leave it out, and may not name another. `modules` are imported by every host, so the job
-    types they define resolve; a job class's own module is added when it is started.
-    """
-    if not ray.is_initialized():
-        _check_reachable(address)
-        try:
-            ray.init(
-                address=address,
-                namespace=namespace,
-                runtime_env=runtime_env,
-                include_dashboard=False,
-                logging_level="WARNING",
-                log_to_driver=False,
-            )
-        except ConnectionError as error:
-            raise ConfigurationError(
-                f"cannot reach the Ray cluster at {address!r}: {error}"
-            ) from None
-    config = read_config(namespace)
-    if config is None:
-        config = ClusterConfig(
-            storage=storage or DEFAULT_STORAGE,
-            options=(options or JobsOptions()).model_dump(mode="json", exclude_unset=True),
-            modules=list(modules),
-            keys=[JobKey()],  # the default partition is always recovered
-        )
-        write_config(config, namespace)
-    else:
-        check_same_storage(config, storage)
-        if options is not None:
-            wanted = options.model_dump(mode="json", exclude_unset=True)
-            if wanted != config.options:
-                raise ConfigurationError(
-                    f"this Ray cluster's job system already runs with options {config.options}; "
-                    f"it cannot switch to {wanted} while its hosts run (use `choreography down` "
-                    "first, or another namespace)"
-                )
-        updated = merge(config, modules=list(modules), keys=[])
-        if updated is not config:
-            write_config(updated, namespace)
-    start_hosts(namespace, max_parallel_steps, workers_per_node)
-    return Jobs(namespace)
-
-
-def _check_reachable(address: str | None, timeout: float = 3.0) -> None:
-    """Fail fast, with a clear message, when a cluster address refuses connections.
-
-    Ray itself keeps retrying an unreachable head for minutes before it gives up.
-    """
-    if not address or address == "auto" or address.startswith("local"):
-        return
-    target = address.removeprefix("ray://")
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigurationError(
-            f"cluster address {address!r} is not 'auto', 'host:port' or 'ray://host:port'"
-        )
-    import socket
-
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except OSError as error:
-        raise ConfigurationError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
-
-
 _WAIT_CHUNK = 10.0
 """Seconds one call of `wait` may be held by the controller host before it asks again."""
+
+_STARTED_MEMORY = 10_000
+"""How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
+
+_HOST_PREFIXES = ("choreography:controller:", "choreography:worker:")
 
 
 class Jobs:
@@ -137,23 +59,54 @@ class Jobs:
     def __init__(self, namespace: str = NAMESPACE) -> None:
         self.namespace = namespace
         self.aio = AsyncJobs(self)
+        self._handle: Any = None
+        self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
 
     # -- routing --------------------------------------------------------------------------------
 
     def _controller(self) -> Any:
+        """The controller host this client calls: the one on this node, else any."""
+        if self._handle is not None:
+            return self._handle
         local = controller_name(ray.get_runtime_context().get_node_id())
         try:
-            return ray.get_actor(local, namespace=self.namespace)
+            self._handle = ray.get_actor(local, namespace=self.namespace)
+            return self._handle
         except ValueError:
             pass
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            if entry.get("namespace") == self.namespace and entry.get("name", "").startswith(
-                "choreography:controller:"
-            ):
-                return ray.get_actor(entry["name"], namespace=self.namespace)
+        for name in self._host_names(("choreography:controller:",)):
+            try:
+                self._handle = ray.get_actor(name, namespace=self.namespace)
+                return self._handle
+            except ValueError:
+                continue
         raise ConfigurationError(
             "no controller host runs in this cluster; run `choreography up` or connect()"
         )
+
+    def _host_names(self, prefixes: tuple[str, ...]) -> list[str]:
+        return [
+            entry["name"]
+            for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry.get("namespace") == self.namespace
+            and entry.get("name", "").startswith(prefixes)
+        ]
+
+    def _call(self, what: str, method: str, *args: Any) -> Any:
+        """`method` of the controller host; once more on the host that runs now when the one
+        this client knew died or was replaced (every call is keyed by a job id or reads, so
+        asking again is safe)."""
+        for attempt in (1, 2):
+            handle = self._controller()
+            try:
+                return ray.get(getattr(handle, method).remote(*args))
+            except ray.exceptions.RayError as error:
+                if not is_host_gone(error):
+                    raise project_error(error, what) from None
+                self._handle = None
+                if attempt == 2:
+                    raise project_error(error, what) from None
+        raise AssertionError("unreachable")
 
     def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
         """Make every host know the job's module and recover the job's partition."""
@@ -166,24 +119,13 @@ class Jobs:
         if updated is not config:
             write_config(updated, self.namespace)
             hosts = [
-                ray.get_actor(e["name"], namespace=self.namespace)
-                for e in ray.util.list_named_actors(all_namespaces=True)
-                if e.get("namespace") == self.namespace
-                and e.get("name", "").startswith(
-                    ("choreography:controller:", "choreography:worker:")
-                )
+                ray.get_actor(name, namespace=self.namespace)
+                for name in self._host_names(_HOST_PREFIXES)
             ]
-            ray.get([h.refresh.remote() for h in hosts])
-
-    @staticmethod
-    def _get(ref: Any, timeout: float | None = None) -> Any:
-        try:
-            return ray.get(ref, timeout=timeout)
-        except ray.exceptions.RayTaskError as error:
-            cause = error.cause
-            if isinstance(cause, ChoreographyError):
-                raise cause from None
-            raise
+            try:
+                ray.get([h.refresh.remote() for h in hosts])
+            except ray.exceptions.RayError as error:
+                raise project_error(error, "refreshing the hosts") from None
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -198,21 +140,28 @@ class Jobs:
     ) -> str:
         """Start a job; returns its id once the job is durable (and its steps dispatched,
         unless the job starts them in the background). With `job_id`, starting again returns
-        that job instead of a second one."""
-        key = JobKey(scope=scope, namespace=namespace)
+        that job instead of a second one.
+
+        Without `job_id` the client names the job itself, so that asking a replaced controller
+        host again cannot start a second job."""
+        key = job_key(scope, namespace)
+        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
         self._remember(job_type, key)
         payload = default_registry.dump(request)
-        result: JobStartResult = self._get(
-            self._controller().start.remote(key, job_type.name, payload, job_id)
+        result: JobStartResult = self._call(
+            "jobs.start", "start", key, job_type.name, payload, job_id
         )
-        return _started(result, job_id)
+        started = _started(result)
+        self._started[(key, started)] = None
+        if len(self._started) > _STARTED_MEMORY:
+            self._started.popitem(last=False)
+        return started
 
     def get(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> JobState:
-        return self._get(
-            self._controller().get.remote(JobKey(scope=scope, namespace=namespace), job_id)
-        )
+        key = job_key(scope, namespace)
+        return self._call("jobs.get", "get", key, check_job_id(job_id))
 
     def find(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
@@ -229,26 +178,32 @@ class Jobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> list[JobState]:
-        key = JobKey(scope=scope, namespace=namespace)
-        return self._get(self._controller().list.remote(key, query or JobQuery()))
+        key = job_key(scope, namespace)
+        return self._call("jobs.list", "list", key, check_query(query or JobQuery()))
 
     def stop(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> None:
-        key = JobKey(scope=scope, namespace=namespace)
-        self._get(self._controller().stop.remote(key, job_id))
+        key = job_key(scope, namespace)
+        self._call("jobs.stop", "stop", key, check_job_id(job_id))
 
     def resume(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
-        key = JobKey(scope=scope, namespace=namespace)
-        return self._get(self._controller().resume.remote(key, job_id))
+        key = job_key(scope, namespace)
+        return self._call("jobs.resume", "resume", key, check_job_id(job_id))
 
     def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> None:
-        key = JobKey(scope=scope, namespace=namespace)
-        self._get(self._controller().remove.remote(key, job_id))
+        key = job_key(scope, namespace)
+        self._call("jobs.remove", "remove", key, check_job_id(job_id))
+
+    def _gone(self, key: JobKey, job_id: str) -> None:
+        """A job found nowhere when a wait began: cleared, if this client started it; else it
+        never existed here (or was removed before anyone asked), which is an error."""
+        if (key, job_id) not in self._started:
+            raise JobNotFoundError(job_id)
 
     def events(
         self,
@@ -259,11 +214,17 @@ class Jobs:
         interval: float = 0.25,
     ) -> Iterator[JobState]:
         """The job's state each time its progress or status changes, until it is finished
-        (terminal, or stopped for good); a job that is cleared ends the iteration."""
+        (terminal, or stopped for good); a job that is cleared ends the iteration. Raises
+        JobNotFoundError for a job that is not there when the iteration begins (unless this
+        client started it)."""
+        key = job_key(scope, namespace)
+        check_job_id(job_id)
         last: tuple[Any, ...] | None = None
         while True:
             state = self.find(job_id, scope=scope, namespace=namespace)
             if state is None:
+                if last is None:
+                    self._gone(key, job_id)
                 return
             mark = (state.status, state.progress.model_dump_json())
             if mark != last:
@@ -286,22 +247,28 @@ class Jobs:
         """Wait until the job is finished and return its last state, or None when the job was
         cleared (removed, or completed without keeping its state). `progress=True` shows a live
         progress bar, refreshed every `interval` seconds. Raises TimeoutError after `timeout`
-        seconds.
+        seconds, and JobNotFoundError for a job that is not there when the wait begins (unless
+        this client started it: then it was cleared).
 
         The controller host holds each call until the job finishes (or the chunk of time
         passes), so the wait ends as the job does, without polling it."""
         from .progress import ProgressBar
 
-        key = JobKey(scope=scope, namespace=namespace)
+        key = job_key(scope, namespace)
+        check_job_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen = False
         with ProgressBar(enabled=progress) as bar:
             while True:
                 chunk = interval if progress else _WAIT_CHUNK
                 if deadline is not None:
                     chunk = max(0.0, min(chunk, deadline - time.monotonic()))
-                state = self._get(self._controller().wait.remote(key, job_id, chunk))
+                state = self._call("jobs.wait", "wait", key, job_id, chunk)
                 if state is None:
+                    if not seen:
+                        self._gone(key, job_id)
                     return None
+                seen = True
                 bar.update(state)
                 if state.is_finished:
                     return state
@@ -348,10 +315,13 @@ class AsyncJobs:
             yield state
 
 
-def _started(result: JobStartResult, job_id: str | None) -> str:
+def _started(result: JobStartResult) -> str:
+    """The id of the started job, or the refusal as an exception. A job started before under
+    the same id (the caller's, or the client's own asked again of a replaced host) is that job,
+    not a second one."""
     if result.succeeded:
         return result.job_id
-    if job_id is not None and result.error in (
+    if result.error in (
         StartJobError.ALREADY_BEEN_PREPARED,
         StartJobError.ALREADY_COMPLETED,
     ):

@@ -19,6 +19,9 @@ from .constants import CONFIG_KEY
 
 log = logging.getLogger("choreography_ray.runtime")
 
+DEFAULT_STORAGE = "sqlite:///.choreography/jobs.db"
+"""The storage of a cluster whose first `connect` names none."""
+
 
 class ClusterConfig(BaseModel):
     storage: str
@@ -34,23 +37,31 @@ class ClusterConfig(BaseModel):
         return JobsOptions.from_mapping(self.options)
 
 
-def _kv() -> tuple[Any, Any]:
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+def _kv() -> Any:
+    from ray.experimental import internal_kv
 
-    return _internal_kv_get, _internal_kv_put
+    return internal_kv
 
 
 def read_config(namespace: str) -> ClusterConfig | None:
-    get, _ = _kv()
-    raw = get(CONFIG_KEY, namespace=namespace)
+    raw = _kv()._internal_kv_get(CONFIG_KEY, namespace=namespace)
     if raw is None:
         return None
     return ClusterConfig.model_validate_json(raw)
 
 
 def write_config(config: ClusterConfig, namespace: str) -> None:
-    _, put = _kv()
-    put(CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace)
+    _kv()._internal_kv_put(
+        CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace
+    )
+
+
+def restore_config(previous: ClusterConfig | None, namespace: str) -> None:
+    """Put back the configuration a failed `connect` replaced: none, if there was none."""
+    if previous is None:
+        _kv()._internal_kv_del(CONFIG_KEY, namespace=namespace)
+    else:
+        write_config(previous, namespace)
 
 
 def import_modules(modules: list[str]) -> tuple[list[str], list[str]]:

@@ -19,7 +19,11 @@ class ProgressBar:
         self._task: int | None = None
 
     def __enter__(self) -> ProgressBar:
-        if self.enabled:
+        return self
+
+    def _start(self) -> Progress:
+        """The bar appears with the job's first state: a job that is not found draws none."""
+        if self._progress is None:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
@@ -30,19 +34,19 @@ class ProgressBar:
             )
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=None, detail="")
-        return self
+        return self._progress
 
     def update(self, state: JobState) -> None:
-        if self._progress is None or self._task is None:
+        if not self.enabled:
             return
+        progress = self._start()
+        assert self._task is not None
         p = state.progress
         done = p.successful_steps + p.failed_steps + p.unreachable_steps
         detail = f"{state.status.name.lower()}  ok {p.successful_steps}  failed {p.failed_steps}"
         if p.stopped_steps:
             detail += f"  stopped {p.stopped_steps}"
-        self._progress.update(
-            self._task, total=p.total_steps or None, completed=done, detail=detail
-        )
+        progress.update(self._task, total=p.total_steps or None, completed=done, detail=detail)
 
     def __exit__(
         self,

@@ -1,0 +1,284 @@
+"""`connect`: join or start Ray, configure the cluster's job system, start its hosts.
+
+Nothing reaches the cluster before it is known to work: the arguments are checked and the
+storage opened in this process first, so a typo in a URL or a database that is down fails here,
+in one line, and leaves the cluster's configuration as it was. A failure while the hosts start
+puts the previous configuration back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from ..jobs.errors import (
+    ChoreographyError,
+    ClusterAuthenticationError,
+    ConfigurationError,
+    StorageUnavailableError,
+)
+from ..jobs.options import JobsOptions
+from ..jobs.state import JobKey
+from ..storage.url import redact
+from .arguments import check_connect_arguments
+from .client import Jobs
+from .config import (
+    DEFAULT_STORAGE,
+    ClusterConfig,
+    check_same_storage,
+    merge,
+    read_config,
+    restore_config,
+    write_config,
+)
+from .constants import NAMESPACE
+from .placement import start_hosts, stop_hosts
+from .remote import first_line, last_raised, project_error
+
+AUTH_HINT = (
+    "set RAY_AUTH_MODE=token (the token comes from ~/.ray/auth_token, RAY_AUTH_TOKEN or "
+    "RAY_AUTH_TOKEN_PATH)"
+)
+
+
+def connect(
+    storage: str | None = None,
+    *,
+    address: str | None = None,
+    namespace: str = NAMESPACE,
+    options: JobsOptions | None = None,
+    modules: list[str] | tuple[str, ...] = (),
+    max_parallel_steps: int | None = None,
+    workers_per_node: int = 1,
+    runtime_env: dict[str, Any] | None = None,
+) -> Jobs:
+    """Connect to the job system of a Ray cluster, starting what is missing.
+
+    `address`: None lets Ray decide (RAY_ADDRESS, else a cluster started with `ray start` on
+    this machine, else a new local Ray); "auto" joins a running cluster on this machine;
+    "host:port" or "ray://host:10001" joins that one. `storage` is needed the first time a
+    cluster is used (it defaults to SQLite under .choreography/ then); later connections may
+    leave it out, and may not name another. `modules` are imported by every host, so the job
+    types they define resolve; a job class's own module is added when it is started.
+    """
+    check_connect_arguments(
+        storage=storage,
+        address=address,
+        namespace=namespace,
+        options=options,
+        modules=modules,
+        max_parallel_steps=max_parallel_steps,
+        workers_per_node=workers_per_node,
+        runtime_env=runtime_env,
+    )
+    if storage is not None:
+        probe_storage(storage)
+    init_ray(address, namespace, runtime_env)
+    previous = read_config(namespace)
+    config = _wanted_config(previous, storage, options, list(modules))
+    if config is not previous:
+        write_config(config, namespace)
+    try:
+        start_hosts(namespace, max_parallel_steps, workers_per_node)
+    except BaseException as error:
+        if previous is None:
+            stop_hosts(namespace)  # hosts started with a configuration that is taken back
+        restore_config(previous, namespace)
+        if isinstance(error, ChoreographyError):
+            raise
+        mapped = project_error(error, "starting the hosts")
+        if mapped is error:
+            raise
+        raise mapped from error
+    return Jobs(namespace)
+
+
+def _wanted_config(
+    previous: ClusterConfig | None,
+    storage: str | None,
+    options: JobsOptions | None,
+    modules: list[str],
+) -> ClusterConfig:
+    """The configuration to run with: a new one, or `previous` if nothing changes."""
+    if previous is None:
+        if storage is None:
+            probe_storage(DEFAULT_STORAGE)
+        return ClusterConfig(
+            storage=storage or DEFAULT_STORAGE,
+            options=(options or JobsOptions()).model_dump(mode="json", exclude_unset=True),
+            modules=modules,
+            keys=[JobKey()],  # the default partition is always recovered
+        )
+    check_same_storage(previous, storage)
+    if options is not None:
+        wanted = options.model_dump(mode="json", exclude_unset=True)
+        if wanted != previous.options:
+            raise ConfigurationError(
+                f"this Ray cluster's job system already runs with options {previous.options}; "
+                f"it cannot switch to {wanted} while its hosts run (use `choreography down` "
+                "first, or another namespace)"
+            )
+    return merge(previous, modules=modules, keys=[])
+
+
+def probe_storage(url: str) -> None:
+    """Open the store once in this process, so a bad URL or a dead database fails here.
+
+    `memory://` lives in a cluster actor, so there is nothing to open yet.
+    """
+    from ..storage.provider import open_storage
+    from ..storage.url import StorageURL
+
+    parsed = StorageURL(url)
+    if parsed.dialect == "memory":
+        return
+    options = JobsOptions(transient_retry_attempts=1)
+
+    async def probe() -> None:
+        provider = open_storage(parsed, options=options)
+        try:
+            await provider.initialize()
+        finally:
+            await provider.close()
+
+    try:
+        # On a thread of its own: `connect` may be called where an event loop runs.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, probe()).result()
+    except ConfigurationError:
+        raise
+    except Exception as error:
+        cause = error.__cause__ if isinstance(error, ChoreographyError) else error
+        cause = cause or error
+        raise StorageUnavailableError(
+            f"cannot reach storage {parsed.redacted}: {type(cause).__name__}: "
+            f"{first_line(str(cause))}"
+        ) from error
+
+
+# -- Ray --------------------------------------------------------------------------------------
+
+
+def init_ray(
+    address: str | None, namespace: str, runtime_env: dict[str, Any] | None = None
+) -> None:
+    """Join the cluster at `address` (or start a local Ray), unless this process already has;
+    an unreachable cluster or a refused token is a one-line `ConfigurationError`."""
+    if ray.is_initialized():
+        return
+    gcs = _check_reachable(address)
+    if gcs is not None:
+        _check_authenticated(gcs, address or gcs)
+    try:
+        ray.init(
+            address=address,
+            namespace=namespace,
+            runtime_env=runtime_env,
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
+    except ray.exceptions.AuthenticationError:
+        raise ClusterAuthenticationError(_auth_message(address)) from None
+    except ConnectionError as error:
+        if is_authentication_failure(error):
+            raise ClusterAuthenticationError(_auth_message(address)) from None
+        raise ConfigurationError(
+            f"cannot reach the Ray cluster at {address!r}: {last_raised(str(error))}"
+        ) from None
+
+
+def _check_reachable(address: str | None, timeout: float = 3.0) -> str | None:
+    """Fail fast, with a clear message, when a cluster address refuses connections; the GCS
+    address to check authentication against, for a "host:port" address.
+
+    Ray itself keeps retrying an unreachable head for minutes before it gives up.
+    """
+    if not address or address == "auto" or address.startswith("local"):
+        return None
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigurationError(
+            f"cluster address {address!r} is not 'auto', 'host:port' or 'ray://host:port'"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ConfigurationError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
+    return None if address.startswith("ray://") else target
+
+
+def _check_authenticated(gcs_address: str, address: str) -> None:
+    """Ask the cluster's GCS once whether it lets this process in.
+
+    A cluster with token authentication refuses a process without its token on every call, and
+    `ray.init` retries that for 20 seconds before it gives up with "Failed to connect". One
+    request tells at once; any other failure is left for `ray.init` to report.
+    """
+    from ray._raylet import GcsClient
+
+    with _quiet_stderr():
+        try:
+            GcsClient(address=gcs_address)
+        except ray.exceptions.AuthenticationError:
+            raise ClusterAuthenticationError(_auth_message(address)) from None
+        except Exception:
+            return
+
+
+def is_authentication_failure(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a cluster refusing this process's token.
+
+    Ray 2.60 raises `ray.exceptions.AuthenticationError` ("InvalidAuthToken: Authentication
+    token is missing or incorrect") from its GCS client, and `ray.init` wraps it in a
+    `ConnectionError` whose cause carries that text.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ray.exceptions.AuthenticationError):
+            return True
+        text = str(seen)
+        if "InvalidAuthToken" in text or "ray.exceptions.AuthenticationError" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _auth_message(address: str | None) -> str:
+    mode = os.environ.get("RAY_AUTH_MODE", "disabled")
+    where = f" at {redact(address)!r}" if address else ""
+    if mode.lower() == "token":
+        return (
+            f"the Ray cluster{where} refused this process's authentication token; set the "
+            "cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+        )
+    return f"the Ray cluster{where} uses token authentication: {AUTH_HINT}"
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Ray's C++ client logs each refused request to the process's stderr: keep the one
+    probe request out of the user's terminal."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
