@@ -65,16 +65,17 @@ def test_jobs_watch_follows_a_job_to_its_end(jobs):
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (("jobs", "show", "no-such-job"), "no job with id 'no-such-job'"),
-        (("jobs", "stop", "no-such-job"), "no job with id 'no-such-job'"),
-        (("jobs", "list", "--status", "bogus"), "unknown status 'bogus'"),
+        (("jobs", "show", "no-such-job"), 3, "no job with id 'no-such-job'"),
+        (("jobs", "stop", "no-such-job"), 3, "no job with id 'no-such-job'"),
+        (("jobs", "watch", "no-such-job"), 3, "no job with id 'no-such-job'"),
+        (("jobs", "list", "--status", "bogus"), 1, "unknown status 'bogus'"),
     ],
 )
-def test_mistakes_are_one_line_errors_with_a_non_zero_exit(jobs, args, message):
+def test_mistakes_are_one_line_errors_with_a_non_zero_exit(jobs, args, code, message):
     result = runner.invoke(app, list(args))
-    assert result.exit_code == 1
+    assert result.exit_code == code
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1

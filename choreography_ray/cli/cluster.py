@@ -1,0 +1,112 @@
+"""Commands for the cluster and its storage: `up`, `down`, `options`, `storage check`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..jobs.options import JobsOptions
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
+from ..storage.url import redact
+from .common import (
+    AddressOption,
+    ConfigOption,
+    NamespaceOption,
+    ScopeOption,
+    StorageOption,
+    app,
+    connect,
+    console,
+    guard,
+    storage_app,
+)
+
+
+@app.command()
+def options(config: ConfigOption = None) -> None:
+    """Show the effective job options: defaults, then the file, then CHOREOGRAPHY_* variables."""
+    loaded = guard(lambda: JobsOptions.load(config))
+    table = Table("setting", "value", "source")
+    env_values = JobsOptions.from_env()
+    file_values = JobsOptions.from_toml(config) if config else {}
+    for name in JobsOptions.model_fields:
+        source = (
+            "environment" if name in env_values else "file" if name in file_values else "default"
+        )
+        table.add_row(name, str(getattr(loaded, name)), source)
+    console.print(table)
+
+
+@storage_app.command("check")
+def storage_check(
+    storage: StorageOption = None,
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+) -> None:
+    """Open the store, create its schema if needed, and count the jobs of one partition."""
+    from ..runtime.config import DEFAULT_STORAGE
+    from ..storage import JobQuery, open_storage
+
+    url = storage or DEFAULT_STORAGE
+
+    async def check() -> int:
+        provider = open_storage(url)
+        try:
+            await provider.initialize()
+            return await provider.for_key(scope=scope, namespace=namespace).jobs.count(JobQuery())
+        finally:
+            await provider.close()
+
+    count = guard(lambda: asyncio.run(check()))
+    console.print(f"{redact(url)}: reachable, {count} job(s) in {scope}/{namespace}")
+
+
+@app.command()
+def up(
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    config: ConfigOption = None,
+    module: Annotated[
+        list[str] | None,
+        typer.Option("--module", "-m", help="A module that defines job types (repeatable)."),
+    ] = None,
+    workers_per_node: Annotated[
+        int, typer.Option(min=1, help="Worker host processes per worker node (cores to use).")
+    ] = 1,
+) -> None:
+    """Start the host actors on a running Ray cluster, with its storage and options."""
+
+    def start() -> list[str]:
+        import ray
+
+        from ..runtime.constants import NAMESPACE
+
+        connect(storage, address, config, modules=module or [], workers_per_node=workers_per_node)
+        names = [
+            e["name"]
+            for e in ray.util.list_named_actors(all_namespaces=True)
+            if e.get("namespace") == NAMESPACE and e.get("name", "").startswith("choreography:")
+        ]
+        return sorted(names)
+
+    for name in guard(start):
+        console.print(f"running: {name}")
+
+
+@app.command()
+def down(address: AddressOption = "auto") -> None:
+    """Stop the host actors of a cluster; jobs stay in storage and resume on the next `up`."""
+
+    def stop() -> list[str]:
+        from ..runtime import stop_hosts
+        from ..runtime.connection import init_ray
+        from ..runtime.constants import NAMESPACE
+
+        init_ray(address, NAMESPACE)
+        return stop_hosts(NAMESPACE)
+
+    for name in guard(stop):
+        console.print(f"stopped: {name}")

@@ -1,0 +1,104 @@
+"""What every command shares: the apps, the common options, and errors as one line.
+
+Errors the user can act on (an unreachable cluster or store, an unknown job id, a bad option)
+are printed as one line and end the command with a non-zero exit code; `--debug` (or
+CHOREOGRAPHY_DEBUG) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from ..jobs.errors import ChoreographyError, JobNotFoundError
+from ..jobs.options import JobsOptions
+from ..storage.url import redact
+
+STORAGE_ENV = "CHOREOGRAPHY_STORAGE"
+ADDRESS_ENV = "CHOREOGRAPHY_ADDRESS"
+CONFIG_ENV = "CHOREOGRAPHY_CONFIG"
+DEBUG_ENV = "CHOREOGRAPHY_DEBUG"
+
+EXIT_ERROR = 1
+"""An error the user can act on: unreachable, refused, a bad value."""
+EXIT_NOT_FOUND = 3
+"""No job has the id given."""
+
+T = TypeVar("T")
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Durable jobs on Ray.")
+storage_app = typer.Typer(no_args_is_help=True, help="Inspect and prepare job storage.")
+jobs_app = typer.Typer(no_args_is_help=True, help="List, watch, stop, resume and remove jobs.")
+app.add_typer(storage_app, name="storage")
+app.add_typer(jobs_app, name="jobs")
+
+console = Console()
+errors = Console(stderr=True)
+_debug = {"on": bool(os.environ.get(DEBUG_ENV))}
+
+StorageOption = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        envvar=STORAGE_ENV,
+        help="Storage URL (sqlite:///…, postgresql+psycopg://…, mongodb://…).",
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        envvar=ADDRESS_ENV,
+        help="Ray cluster: 'auto' (this machine), 'ray://host:10001', or none for a local Ray.",
+    ),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", envvar=CONFIG_ENV, help="TOML file with a [jobs] table of options."),
+]
+ScopeOption = Annotated[str, typer.Option("--scope", help="Storage scope of the jobs.")]
+NamespaceOption = Annotated[str, typer.Option("--namespace", help="Namespace of the jobs.")]
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
+    _debug["on"] = _debug["on"] or debug
+
+
+def fail(error: BaseException) -> typer.Exit:
+    """Print `error` as one line; the exit to raise."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if not isinstance(error, ChoreographyError | ValueError | OSError | TimeoutError):
+        message = f"{type(error).__name__}: {message} (--debug shows the traceback)"
+    errors.print(f"[red]error:[/red] {redact(message)}", highlight=False, soft_wrap=True)
+    code = EXIT_NOT_FOUND if isinstance(error, JobNotFoundError) else EXIT_ERROR
+    return typer.Exit(code=code)
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """Run a command's work; turn every error into one line and a non-zero exit code."""
+    try:
+        return fn()
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        if _debug["on"]:
+            raise
+        raise fail(error) from None
+
+
+def connect(
+    storage: str | None, address: str | None, config: Path | None = None, **kwargs: Any
+) -> Any:
+    """The Jobs client of the cluster at `address`, with the options of the file and of
+    CHOREOGRAPHY_* variables (none given, none sent)."""
+    from ..runtime import connect
+
+    options = JobsOptions.load(config)
+    given = options if options.model_fields_set else None
+    return connect(storage, address=address, options=given, **kwargs)

@@ -1,0 +1,164 @@
+"""The `jobs` commands: list, show, watch, stop, resume and remove.
+
+Ids, limits and statuses are checked before the command joins the cluster, so a mistake costs
+no Ray start-up and reaches nothing stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
+from ..jobs.status import JobStatus
+from ..storage import JobQuery
+from .common import (
+    AddressOption,
+    NamespaceOption,
+    ScopeOption,
+    StorageOption,
+    connect,
+    console,
+    guard,
+    jobs_app,
+)
+
+
+def _client(
+    storage: str | None, address: str | None, scope: str, namespace: str, job_id: str | None
+) -> Any:
+    """The Jobs client, once the partition and the job id are known to be usable."""
+    from ..runtime.arguments import check_job_id, job_key
+
+    def checked() -> Any:
+        job_key(scope, namespace)
+        if job_id is not None:
+            check_job_id(job_id)
+        return connect(storage, address)
+
+    return guard(checked)
+
+
+def _key_args(scope: str, namespace: str) -> dict[str, str]:
+    return {"scope": scope, "namespace": namespace}
+
+
+@jobs_app.command("list")
+def jobs_list(
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    status: Annotated[list[str] | None, typer.Option(help="Only jobs in this status.")] = None,
+    job_type: Annotated[str | None, typer.Option("--type", help="Only jobs of this type.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 100,
+) -> None:
+    """List jobs, oldest first."""
+    from ..runtime.arguments import check_query
+
+    statuses = frozenset(guard(lambda: [_status(s) for s in status or []]))
+    query = guard(lambda: check_query(JobQuery(type=job_type, statuses=statuses, take=limit)))
+    jobs = _client(storage, address, scope, namespace, None)
+    found = guard(lambda: jobs.list(query, **_key_args(scope, namespace)))
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=max((len(j.id) for j in found), default=2))
+    table.add_column("type", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    for column in ("progress", "created", "details"):
+        table.add_column(column)
+    for job in found:
+        p = job.progress
+        table.add_row(
+            job.id,
+            job.type,
+            job.status.name,
+            f"{p.successful_steps + p.failed_steps + p.unreachable_steps}/{p.total_steps}",
+            job.created.strftime("%Y-%m-%d %H:%M:%S"),
+            job.details,
+        )
+    console.print(table)
+
+
+def _status(name: str) -> JobStatus:
+    try:
+        return JobStatus[name.strip().upper().replace("-", "_")]
+    except KeyError:
+        raise ValueError(
+            f"unknown status {name!r}; one of: {', '.join(s.name.lower() for s in JobStatus)}"
+        ) from None
+
+
+@jobs_app.command("show")
+def jobs_show(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+) -> None:
+    """Show one job: status, progress per stage, and its status history."""
+    jobs = _client(storage, address, scope, namespace, job_id)
+    job = guard(lambda: jobs.get(job_id, **_key_args(scope, namespace)))
+    p = job.progress
+    console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
+    if job.details:
+        console.print(job.details)
+    console.print(
+        f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
+        f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"
+    )
+    for stage in p.stages:
+        console.print(
+            f"  stage {stage.stage}: {'started' if stage.is_started else 'not started'}, "
+            f"{stage.successful_steps}/{stage.total_steps} succeeded, {stage.failed_steps} failed"
+        )
+    for change in job.status_changes:
+        why = f"  {'; '.join(change.exception_messages)}" if change.exception_messages else ""
+        console.print(
+            f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
+        )
+
+
+@jobs_app.command("watch")
+def jobs_watch(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+) -> None:
+    """Follow a job's progress until it finishes."""
+    jobs = _client(storage, address, scope, namespace, job_id)
+    state = guard(
+        lambda: jobs.wait(job_id, timeout=timeout, progress=True, **_key_args(scope, namespace))
+    )
+    console.print(state.status.name if state is not None else "finished and cleared")
+
+
+def _simple(action: str) -> Callable[..., None]:
+    def command(
+        job_id: str,
+        storage: StorageOption = None,
+        address: AddressOption = "auto",
+        scope: ScopeOption = DEFAULT_SCOPE,
+        namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    ) -> None:
+        jobs = _client(storage, address, scope, namespace, job_id)
+        answer = guard(lambda: getattr(jobs, action)(job_id, **_key_args(scope, namespace)))
+        suffix = f": {answer.name}" if answer is not None and hasattr(answer, "name") else ""
+        console.print(f"{action}: {job_id}{suffix}")
+
+    command.__doc__ = {
+        "stop": "Stop a job; it can be resumed.",
+        "resume": "Resume a stopped or interrupted job.",
+        "remove": "Stop a job and delete it with its steps.",
+    }[action]
+    return command
+
+
+for _action in ("stop", "resume", "remove"):
+    jobs_app.command(_action)(_simple(_action))

@@ -1,0 +1,155 @@
+"""Commands that run work on a local Ray of their own: `demo` and `bench`."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..jobs.state import JobState
+from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
+from ..storage import JobQuery
+from ..storage.url import redact
+from .common import AddressOption, StorageOption, app, connect, console, guard
+
+
+@app.command()
+def demo(
+    steps: Annotated[int, typer.Option(min=2, help="Steps of the demo job.")] = 2000,
+    storage: StorageOption = None,
+    address: AddressOption = None,
+) -> None:
+    """Run the demo: a two-stage fan-out with a live progress bar, on local Ray and SQLite.
+
+    Interrupted with Ctrl-C and run again, it resumes the same job instead of starting over.
+    """
+    from ..demo import DemoJob, DemoRequest
+    from ..runtime.config import DEFAULT_STORAGE
+
+    url = storage or DEFAULT_STORAGE
+    began = time.monotonic()
+    # The hosts must know the demo's job types before they list or recover its jobs.
+    jobs = guard(lambda: connect(url, address, modules=[DemoJob.__module__]))
+    job_id = ""
+    try:
+        unfinished = guard(
+            lambda: jobs.list(
+                JobQuery(
+                    type=DemoJob.name,
+                    statuses=frozenset({*RUNNING_JOB_STATUSES, JobStatus.STOPPED}),
+                    take=1,
+                )
+            )
+        )
+        if unfinished:
+            job_id = unfinished[0].id
+            console.print(f"resuming demo job {job_id}")
+            if unfinished[0].status == JobStatus.STOPPED:
+                guard(lambda: jobs.resume(job_id))
+        else:
+            console.print(f"starting a demo job of {steps} steps in two stages")
+            job_id = guard(lambda: jobs.start(DemoJob, DemoRequest(steps=steps)))
+            console.print(f"started demo job {job_id}")
+        state = guard(lambda: jobs.wait(job_id, progress=console.is_terminal))
+    except KeyboardInterrupt:
+        which = f"job {job_id}" if job_id else "the demo job"
+        console.print(
+            f"\ninterrupted: {which} is safe in {redact(url)}; run `choreography demo` "
+            "again to resume it"
+        )
+        raise typer.Exit(code=130) from None
+    elapsed = time.monotonic() - began
+    _summary(state, elapsed)
+    _shutdown_local_ray()
+
+
+def _summary(state: JobState | None, elapsed: float) -> None:
+    if state is None:
+        console.print("the job finished and was cleared")
+        return
+    p = state.progress
+    table = Table("outcome", "steps")
+    table.add_row("succeeded", str(p.successful_steps))
+    table.add_row("failed", str(p.failed_steps))
+    table.add_row("unreachable", str(p.unreachable_steps))
+    table.add_row("stopped", str(p.stopped_steps))
+    table.add_row("total", str(p.total_steps))
+    console.print(table)
+    rate = p.total_steps / elapsed if elapsed > 0 else 0.0
+    console.print(
+        f"{state.status.name}: {p.total_steps} steps in {elapsed:.1f} s "
+        f"({rate:,.0f} steps/s, including Ray start-up)"
+    )
+
+
+def _shutdown_local_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@app.command()
+def bench(
+    steps: Annotated[int, typer.Option(min=10, help="Steps of each fan-out job.")] = 1000,
+    runs: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 3,
+    tuned: Annotated[int, typer.Option(min=1, help="max_parallel_steps of the tuned hosts.")] = 256,
+    workers_per_node: Annotated[
+        int, typer.Option(min=1, help="Worker host processes of the tuned configuration.")
+    ] = 1,
+) -> None:
+    """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray."""
+    import tempfile
+
+    import ray
+
+    from .. import bench as fanout
+    from ..runtime import connect as connect_hosts
+    from ..runtime import stop_hosts
+
+    table = Table("", "steps/s", "vs plain Ray", "p50 latency s", "p99 latency s")
+    with tempfile.TemporaryDirectory() as workdir:
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        try:
+            configs = {}
+            for name, parallel, workers in (
+                ("default", None, 1),
+                ("tuned", tuned, workers_per_node),
+            ):
+                url = f"sqlite:///{workdir}/{name}.db"
+                configs[name] = (
+                    connect_hosts(
+                        url,
+                        namespace=f"bench-{name}",
+                        modules=[fanout.__name__],
+                        max_parallel_steps=parallel,
+                        workers_per_node=workers,
+                    ),
+                    url,
+                )
+            plain = [steps / fanout.plain_ray_tasks(steps) for _ in range(runs)]
+            ray_rate = fanout.median(plain)
+            table.add_row("plain Ray tasks", f"{ray_rate:,.0f}", "1.0x", "", "")
+            for name, (jobs, url) in configs.items():
+                results = [fanout.run_fanout(jobs, steps, url, name) for _ in range(runs)]
+                middle = sorted(results, key=lambda r: r.rate)[len(results) // 2]
+                label = f"choreography_ray {name}"
+                table.add_row(
+                    label,
+                    f"{middle.rate:,.0f}",
+                    f"{middle.rate / ray_rate:.1f}x",
+                    f"{middle.percentile(0.5):.3f}",
+                    f"{middle.percentile(0.99):.3f}",
+                )
+        finally:
+            for name in ("default", "tuned"):
+                stop_hosts(f"bench-{name}")
+            ray.shutdown()
+    hosts = f", {workers_per_node} worker hosts per node" if workers_per_node > 1 else ""
+    console.print(f"fan-out of {steps} no-op steps, SQLite, medians of {runs} run(s) each")
+    console.print(table)
+    console.print(
+        f"default: the default options; tuned: max_parallel_steps={tuned}{hosts}", soft_wrap=True
+    )

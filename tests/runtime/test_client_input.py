@@ -1,0 +1,369 @@
+"""Bad input to the client and the command line, refused before anything reaches Ray or storage.
+
+No Ray runs here: a client whose remote calls fail the test proves that a check happened first,
+and a stored SQLite file hashed before and after proves nothing was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import choreography_ray as cr
+from choreography_ray.cli import app
+from choreography_ray.jobs import (
+    ClusterAuthenticationError,
+    ConfigurationError,
+    HostError,
+    InvalidJobIdError,
+    InvalidOptionError,
+    JobNotFoundError,
+    JobStatus,
+    StorageUnavailableError,
+)
+from choreography_ray.jobs.state import JobKey, JobState
+from choreography_ray.runtime import connection
+from choreography_ray.runtime.client import Jobs
+from choreography_ray.runtime.config import ClusterConfig
+from choreography_ray.storage import JobQuery, open_storage
+
+from .ray_jobs import FanOut, FanOutJob
+
+runner = CliRunner()
+
+DEAD_POSTGRES = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+
+BAD_IDS = [
+    ("", "is empty"),
+    (" padded", "whitespace at its start or end"),
+    ("padded\t", "whitespace at its start or end"),
+    ("line\nbreak", "non-printable"),
+    ("bell\x07", "non-printable"),
+    ("a/b", "path separator"),
+    ("..\\up", "path separator"),
+    ("x" * 201, "at most 200"),
+]
+GOOD_IDS = ["0f8fa1d2c3b44e5f8a9b0c1d2e3f4a5b", "JIRA-1234", "order:42@eu west", "épreuve-№7"]
+
+
+class Offline(Jobs):
+    """A client whose every remote call fails the test, unless an answer is set."""
+
+    def __init__(self, answers: dict[str, Any] | None = None) -> None:
+        super().__init__("offline")
+        self.answers = answers or {}
+        self.calls: list[str] = []
+
+    def _call(self, what: str, method: str, *args: Any) -> Any:
+        if method not in self.answers:
+            raise AssertionError(f"{what} reached the cluster")
+        self.calls.append(method)
+        answer = self.answers[method]
+        return answer(*args) if callable(answer) else answer
+
+    def _remember(self, job_type: Any, key: JobKey) -> None:
+        if "start" not in self.answers:
+            raise AssertionError("start reached the cluster")
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    assert "\x1b[" not in text and "Traceback" not in text
+    return lines[0]
+
+
+def _calls(jobs: Jobs, job_id: str) -> list[Any]:
+    return [
+        lambda: jobs.get(job_id),
+        lambda: jobs.find(job_id),
+        lambda: jobs.stop(job_id),
+        lambda: jobs.resume(job_id),
+        lambda: jobs.remove(job_id),
+        lambda: jobs.wait(job_id, timeout=1),
+        lambda: list(jobs.events(job_id)),
+        lambda: jobs.start(FanOutJob, FanOut(steps=1), job_id=job_id),
+    ]
+
+
+# -- job ids -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("job_id", "reason"), BAD_IDS, ids=[repr(b[:12]) for b, _ in BAD_IDS])
+def test_a_bad_job_id_is_refused_by_every_call_before_any_remote_call(job_id, reason):
+    jobs = Offline()
+    for call in _calls(jobs, job_id):
+        with pytest.raises(InvalidJobIdError, match=reason) as refused:
+            call()
+        _one_line(str(refused.value))
+    assert jobs.calls == []
+
+
+def test_the_async_client_refuses_a_bad_job_id_too():
+    with pytest.raises(InvalidJobIdError, match="is empty"):
+        asyncio.run(Offline().aio.remove(""))
+
+
+@pytest.mark.parametrize("job_id", GOOD_IDS)
+def test_ids_from_other_systems_are_accepted(job_id):
+    jobs = Offline({"get": lambda key, given: given, "remove": None})
+    assert jobs.get(job_id) == job_id
+    jobs.remove(job_id)
+    assert jobs.get("x" * 200) == "x" * 200
+
+
+def test_a_bad_scope_is_one_line_before_any_remote_call():
+    with pytest.raises(InvalidOptionError, match="scope: must not be empty") as refused:
+        Offline().get("job", scope="")
+    _one_line(str(refused.value))
+
+
+def test_a_negative_limit_is_refused_not_read_as_all():
+    with pytest.raises(InvalidOptionError, match="limit: must be 0 \\(all\\) or more, got -1"):
+        Offline().list(JobQuery(take=-1))
+    assert Offline({"list": []}).list(JobQuery(take=0)) == []
+
+
+# -- waiting on a job that is not there ----------------------------------------------------------
+
+
+def _state(job_id: str, status: JobStatus) -> JobState:
+    from datetime import UTC, datetime
+
+    return JobState(id=job_id, type="t", created=datetime.now(UTC), status=status)
+
+
+def test_waiting_on_a_job_that_never_existed_is_not_found():
+    jobs = Offline({"wait": None, "get": _not_found})
+    with pytest.raises(JobNotFoundError, match="no job with id 'no-such-id'"):
+        jobs.wait("no-such-id")
+    with pytest.raises(JobNotFoundError):
+        list(jobs.events("no-such-id"))
+
+
+def test_a_job_this_client_started_and_that_was_cleared_waits_to_none():
+    from choreography_ray.engine.job import JobStartResult
+
+    jobs = Offline({"start": lambda *args: JobStartResult(job_id=args[-1]), "wait": None})
+    job_id = jobs.start(FanOutJob, FanOut(steps=1))
+    assert jobs.wait(job_id) is None  # finished and cleared, not unknown
+    with pytest.raises(JobNotFoundError):
+        jobs.wait(job_id, scope="elsewhere")  # the same id in another partition never was
+
+
+def test_a_job_cleared_while_waited_on_waits_to_none():
+    answers = iter([_state("j", JobStatus.RUNNING), None])
+    jobs = Offline({"wait": lambda *args: next(answers)})
+    assert jobs.wait("j") is None
+
+
+def _not_found(key: JobKey, job_id: str) -> Any:
+    raise JobNotFoundError(job_id)
+
+
+# -- connect's arguments and storage -------------------------------------------------------------
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """`connect` fails the test if it gets as far as Ray."""
+
+    def reached(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("connect reached Ray")
+
+    monkeypatch.setattr(connection, "init_ray", reached)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_parallel_steps": 0}, "max_parallel_steps: must be at least 1"),
+        ({"max_parallel_steps": -1}, "max_parallel_steps: must be at least 1"),
+        ({"max_parallel_steps": True}, "max_parallel_steps"),
+        ({"workers_per_node": 0}, "workers_per_node: must be at least 1"),
+        ({"namespace": ""}, "namespace: expected a Ray namespace name"),
+        ({"modules": "tests.runtime.ray_jobs"}, "modules: expected a list of module names"),
+        ({"options": {"max_step_attempts": 3}}, "options: expected JobsOptions"),
+        ({"runtime_env": "x"}, "runtime_env: expected a dict"),
+        ({"address": ""}, "address: expected 'auto' or 'host:port'"),
+        (
+            {"storage": "sqlitee:///x.db"},
+            "storage URL 'sqlitee:///x.db': unknown scheme 'sqlitee'; supported: memory, ",
+        ),
+        ({"storage": "jobs.db"}, "storage URL 'jobs.db' is not a URL"),
+    ],
+)
+def test_a_bad_connect_argument_is_refused_before_ray(no_cluster, arguments, message):
+    with pytest.raises(ConfigurationError, match="^" + _escaped(message)) as refused:
+        cr.connect(**arguments)
+    _one_line(str(refused.value))
+
+
+def test_an_unreachable_storage_is_refused_before_ray(no_cluster):
+    with pytest.raises(StorageUnavailableError) as refused:
+        cr.connect(DEAD_POSTGRES)
+    line = _one_line(str(refused.value))
+    assert line.startswith("cannot reach storage postgresql+psycopg://nobody@127.0.0.1:1/none: ")
+    assert "Connection refused" in line
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+class FakeKV:
+    """Ray's key-value store, as `runtime/config.py` uses it."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[bytes, str], bytes] = {}
+
+    def _internal_kv_get(self, key: bytes, namespace: str) -> bytes | None:
+        return self.data.get((key, namespace))
+
+    def _internal_kv_put(self, key: bytes, value: bytes, overwrite: bool, namespace: str) -> None:
+        self.data[(key, namespace)] = value
+
+    def _internal_kv_del(self, key: bytes, namespace: str) -> None:
+        self.data.pop((key, namespace), None)
+
+
+@pytest.fixture
+def failing_hosts(monkeypatch, tmp_path):
+    """A cluster whose hosts fail to start: Ray's KV store faked, the storage a real SQLite."""
+    import ray
+
+    from choreography_ray.runtime import config
+
+    kv = FakeKV()
+    stopped: list[str] = []
+    monkeypatch.setattr(config, "_kv", lambda: kv)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+
+    def start_hosts(*args: Any) -> None:
+        raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(connection, "start_hosts", start_hosts)
+    monkeypatch.setattr(connection, "stop_hosts", stopped.append)
+    return kv, stopped, f"sqlite:///{tmp_path / 'jobs.db'}"
+
+
+def test_a_failed_first_connect_leaves_no_configuration_behind(failing_hosts):
+    from choreography_ray.runtime.config import read_config
+
+    kv, stopped, url = failing_hosts
+    with pytest.raises(HostError, match=r"^starting the hosts: the host actor died") as failed:
+        cr.connect(url, namespace="fresh")
+    _one_line(str(failed.value))
+    assert read_config("fresh") is None and kv.data == {}
+    assert stopped == ["fresh"]  # no host keeps the configuration taken back
+
+
+def test_a_failed_connect_puts_the_previous_configuration_back(failing_hosts):
+    from choreography_ray.runtime.config import read_config, write_config
+
+    _, stopped, url = failing_hosts
+    before = ClusterConfig(storage=url, modules=["tests.runtime.ray_jobs"], keys=[JobKey()])
+    write_config(before, "used")
+    with pytest.raises(HostError):
+        cr.connect(url, namespace="used", modules=["another_module"])
+    assert read_config("used") == before
+    assert stopped == []  # the hosts that ran before go on running
+
+
+# -- Ray's errors as one line --------------------------------------------------------------------
+
+
+def test_an_error_raised_on_a_host_is_one_line_without_colour_codes():
+    import ray
+
+    from choreography_ray.runtime.remote import project_error
+
+    trace = "\x1b[36mray::Controller.remove()\x1b[39m\nTraceback (most recent call last):\n  x\n"
+    raised = ray.exceptions.RayTaskError("remove", trace + "ValueError: bad", ValueError("bad"))
+    error = project_error(raised, "jobs.remove")
+    assert isinstance(error, HostError)
+    assert _one_line(str(error)) == "jobs.remove failed on the host: ValueError: bad"
+    ours = ray.exceptions.RayTaskError("get", trace, JobNotFoundError("j"))
+    assert isinstance(project_error(ours, "jobs.get"), JobNotFoundError)
+
+
+# Ray 2.60's text when a process without the cluster's token joins it by address: `ray.init`
+# raises ConnectionError("Failed to connect to Ray cluster at …") from this RuntimeError.
+RAY_AUTH_FAILURE = (
+    "Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+    '  File "python/ray/includes/common.pxi", line 119, in ray._raylet.check_status\n'
+    "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is "
+    "missing or incorrect. Note: RAY_AUTH_MODE is currently 'disabled' (not 'token')."
+)
+
+
+def test_a_refused_token_is_told_apart_from_an_unreachable_cluster(monkeypatch):
+    import ray
+
+    def refused(**kwargs: Any) -> None:
+        try:
+            raise RuntimeError(RAY_AUTH_FAILURE)
+        except RuntimeError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(ClusterAuthenticationError) as failed:
+        connection.init_ray(None, "choreography")
+    assert "RAY_AUTH_MODE=token" in _one_line(str(failed.value))
+    assert not connection.is_authentication_failure(ConnectionError("Failed to connect"))
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stored(tmp_path) -> tuple[str, Path]:
+    """A SQLite store holding one job, and its file."""
+    path = tmp_path / "jobs.db"
+    url = f"sqlite:///{path}"
+
+    async def fill() -> None:
+        async with open_storage(url) as provider:
+            await provider.for_key(JobKey()).jobs.save(_state("kept", JobStatus.STOPPED))
+
+    asyncio.run(fill())
+    return url, path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["jobs", "show", ""], 1, "job id '' is empty"),
+        (["jobs", "remove", ""], 1, "job id '' is empty"),
+        (["jobs", "stop", " kept"], 1, "job id ' kept' has whitespace at its start or end"),
+        (["jobs", "resume", "a/b"], 1, "job id 'a/b' contains a path separator"),
+        (["jobs", "watch", "bell\x07"], 1, "job id 'bell\\x07' contains a control"),
+        (["jobs", "list", "--limit", "-1"], 1, "limit: must be 0 (all) or more, got -1"),
+        (["jobs", "show", "kept", "--scope", ""], 1, "scope: must not be empty"),
+        (["up", "--storage", "sqlitee:///x.db"], 1, "storage URL 'sqlitee:///x.db': unknown"),
+        (["up", "--storage", DEAD_POSTGRES], 1, "cannot reach storage postgresql+psycopg://"),
+    ],
+)
+def test_bad_input_on_the_command_line_is_one_line_and_writes_nothing(
+    no_cluster, stored, args, code, message
+):
+    url, path = stored
+    before = _digest(path)
+    storage = [] if "--storage" in args else ["--storage", url]
+    result = runner.invoke(app, [*args, *storage])
+    assert result.exit_code == code
+    assert _one_line(result.output).startswith(f"error: {message}")
+    assert _digest(path) == before
