@@ -53,7 +53,7 @@ def test_a_failed_connect_leaves_the_configuration_as_it_was(jobs):
     from choreography_ray.runtime.config import read_config
 
     before = read_config(NAMESPACE)
-    with pytest.raises(StorageUnavailableError, match="^cannot reach storage postgresql"):
+    with pytest.raises(StorageUnavailableError, match=r"^cannot reach storage postgresql"):
         cr.connect("postgresql+psycopg://nobody@127.0.0.1:1/none", namespace="client-fresh")
     assert read_config("client-fresh") is None
     assert read_config(NAMESPACE) == before
