@@ -74,7 +74,7 @@ def up(
         typer.Option("--module", "-m", help="A module that defines job types (repeatable)."),
     ] = None,
     workers_per_node: Annotated[
-        int, typer.Option(min=1, help="Worker host processes per worker node (cores to use).")
+        int, typer.Option(help="Worker host processes per worker node (cores to use).")
     ] = 1,
 ) -> None:
     """Start the host actors on a running Ray cluster, with its storage and options."""

@@ -355,15 +355,31 @@ def _digest(path: Path) -> str:
         (["jobs", "show", "kept", "--scope", ""], 1, "scope: must not be empty"),
         (["up", "--storage", "sqlitee:///x.db"], 1, "storage URL 'sqlitee:///x.db': unknown"),
         (["up", "--storage", DEAD_POSTGRES], 1, "cannot reach storage postgresql+psycopg://"),
+        (["up", "--workers-per-node", "0"], 1, "workers_per_node: must be at least 1, got 0"),
+        (["up", "--config", "bad.toml"], 1, "max_parallel_steps: must be at least 1, or unset"),
     ],
 )
 def test_bad_input_on_the_command_line_is_one_line_and_writes_nothing(
-    no_cluster, stored, args, code, message
+    no_cluster, stored, monkeypatch, args, code, message
 ):
     url, path = stored
+    (path.parent / "bad.toml").write_text("[jobs]\nmax_parallel_steps = -1\n")
+    monkeypatch.chdir(path.parent)
     before = _digest(path)
     storage = [] if "--storage" in args else ["--storage", url]
     result = runner.invoke(app, [*args, *storage])
     assert result.exit_code == code
     assert _one_line(result.output).startswith(f"error: {message}")
+    assert _digest(path) == before
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"max_parallel_steps": -1}, {"workers_per_node": 0}, {"modules": "m"}, {"namespace": " "}],
+)
+def test_a_bad_connect_argument_leaves_the_store_untouched(no_cluster, stored, arguments):
+    url, path = stored
+    before = _digest(path)
+    with pytest.raises(ConfigurationError):
+        cr.connect(url, **arguments)
     assert _digest(path) == before
