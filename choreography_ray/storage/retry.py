@@ -2,7 +2,9 @@
 
 A dropped connection or a timeout is retried with exponential backoff and jitter, a bounded
 number of times; any other error surfaces at once. Each provider says which errors are
-transient. `sleep` is injectable so that tests never wait.
+transient. `sleep` is injectable so that tests never wait. Each retry logs one line, and the
+final error is one line: drivers' messages (psycopg's) span several, which would make a log of
+a few retries unreadable.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class TransientRetry:
                 cause = last.exception()
                 raise StorageUnavailableError(
                     f"{self.what} failed {self.attempts} times with a transient error; "
-                    f"last: {type(cause).__name__}: {cause}"
+                    f"last: {type(cause).__name__}: {one_line(cause)}"
                 ) from cause
             raise
 
@@ -93,8 +95,13 @@ class TransientRetry:
             "%s: transient error on attempt %d, retrying: %s",
             self.what,
             state.attempt_number,
-            error,
+            one_line(error) if error is not None else "no error",
         )
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line: runs of whitespace, newlines included, become a space."""
+    return " ".join(str(error).split())
 
 
 class _Replay:
