@@ -21,6 +21,7 @@ __all__ = [
     "HostError",
     "InvalidJobIdError",
     "InvalidOptionError",
+    "InvalidRequestError",
     "JobNotFoundError",
     "JobOperationError",
     "JobStepError",
@@ -47,6 +48,7 @@ __all__ = [
     "TypeAlreadyRegisteredError",
     "TypeRegistryError",
     "UnknownTypeError",
+    "UnreadableStepsError",
     "UnsupportedStorageOperationError",
     "VersionConflictError",
 ]
@@ -68,6 +70,7 @@ class CannotResumeJobError(IntEnum):
     JOB_IS_NOT_PREPARED = 1
     JOB_CANNOT_BE_RESUMED = 2
     MISSING_STEP_PLAN = 3
+    UNREADABLE_STEPS = 4
 
 
 class ResumeJobSuccess(IntEnum):
@@ -254,8 +257,34 @@ class MalformedRecordError(StorageError):
     """Raised when a stored record cannot be read back: bad JSON, or a type it does not fit."""
 
 
+class UnreadableStepsError(StorageError):
+    """Raised by a strict load of a job's steps when some of its step records cannot be read.
+
+    A job is never resumed, recovered, counted or completed from part of its steps.
+    `unreadable` maps each such step id to why it cannot be read, in storage order.
+    """
+
+    SHOWN = 3
+    """How many step ids the message names."""
+
+    def __init__(self, job_id: str, unreadable: dict[str, str]) -> None:
+        shown = "; ".join(
+            f"{step_id!r}: {why}" for step_id, why in list(unreadable.items())[: self.SHOWN]
+        )
+        more = f"; and {len(unreadable) - self.SHOWN} more" if len(unreadable) > self.SHOWN else ""
+        super().__init__(
+            f"job {job_id!r}: {len(unreadable)} step record(s) cannot be read ({shown}{more})"
+        )
+        self.job_id = job_id
+        self.unreadable = unreadable
+
+
 class UnsupportedStorageOperationError(StorageError):
     """Raised when a provider does not offer an operation, such as external step plans."""
+
+
+class InvalidRequestError(ChoreographyError, ValueError):
+    """Raised when a request cannot be stored as given: it would not read back the same."""
 
 
 class JobOperationError(ChoreographyError):

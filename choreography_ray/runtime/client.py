@@ -146,8 +146,8 @@ class Jobs:
         host again cannot start a second job."""
         key = job_key(scope, namespace)
         job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        payload = default_registry.dump_request(request)
         self._remember(job_type, key)
-        payload = default_registry.dump(request)
         result: JobStartResult = self._call(
             "jobs.start", "start", key, job_type.name, payload, job_id
         )

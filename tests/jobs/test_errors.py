@@ -59,6 +59,7 @@ REFERENCE_CODES: dict[type[IntEnum], dict[str, int]] = {
         "JOB_IS_NOT_PREPARED": 1,
         "JOB_CANNOT_BE_RESUMED": 2,
         "MISSING_STEP_PLAN": 3,  # ours
+        "UNREADABLE_STEPS": 4,  # ours
     },
     ResumeJobSuccess: {"SUCCESS": 0, "JOB_IS_COMPLETED": 1, "JOB_ALREADY_RUNNING": 2},
     StopJobError: {

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from choreography_ray.jobs import (
+    InvalidRequestError,
     MalformedRecordError,
     Payload,
     TypeAlreadyRegisteredError,
@@ -331,6 +332,67 @@ def test_a_payload_round_trips_through_json(registry: TypeRegistry) -> None:
     again = Payload.model_validate_json(payload.model_dump_json())
     assert again == payload
     assert registry.load(again) == Invoice(total=12.5)
+
+
+class Measure(BaseModel):
+    label: str = "m"
+    value: float | None = None
+    values: list[float] = []
+
+
+class Coarse(BaseModel):
+    """Reads back different from what it dumps: the dump doubles, the load does not halve."""
+
+    amount: int
+
+    def model_dump(self, **kwargs):
+        data = super().model_dump(**kwargs)
+        data["amount"] *= 2
+        return data
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        (Measure(value=float("nan")), "nan at value"),
+        (Measure(value=float("inf")), "inf at value"),
+        (Measure(values=[1.0, float("-inf")]), "-inf at values.1"),
+    ],
+)
+def test_a_request_with_nan_or_infinity_is_refused_naming_where(
+    registry: TypeRegistry, value: Measure, where: str
+) -> None:
+    # Storage writes NaN and infinity as null: the request would read back as something else.
+    registry.register(Measure, kind="request", name="lab.measure")
+    with pytest.raises(InvalidRequestError, match="Measure request holds") as refused:
+        registry.dump_request(value)
+    message = str(refused.value)
+    assert where in message and "null" in message
+    assert "\n" not in message
+
+
+def test_a_request_that_reads_back_different_is_refused(registry: TypeRegistry) -> None:
+    registry.register(Coarse, kind="request", name="lab.coarse")
+    with pytest.raises(InvalidRequestError, match="Coarse request reads back different"):
+        registry.dump_request(Coarse(amount=3))
+
+
+class Unloadable(Coarse):
+    def model_dump(self, **kwargs):
+        return {**super().model_dump(**kwargs), "amount": "many"}
+
+
+def test_a_request_whose_json_does_not_load_is_refused(registry: TypeRegistry) -> None:
+    registry.register(Unloadable, kind="request", name="lab.unloadable")
+    with pytest.raises(InvalidRequestError, match="does not survive a JSON round trip"):
+        registry.dump_request(Unloadable(amount=1))
+
+
+def test_a_request_that_survives_is_dumped_as_dump_does(registry: TypeRegistry) -> None:
+    registry.register(Measure, kind="request", name="lab.measure")
+    measure = Measure(value=1.0, values=[0.1, 2.5, -0.0])
+    assert registry.dump_request(measure) == registry.dump(measure)
+    assert registry.dump_request(Measure()).data["value"] is None
 
 
 def test_dumping_an_unregistered_model_is_refused(registry: TypeRegistry) -> None:
