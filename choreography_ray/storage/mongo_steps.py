@@ -1,0 +1,203 @@
+"""MongoDB step records of one partition: reads, batched compare-and-set writes, removal."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from bson.int64 import Int64
+from pymongo import ASCENDING
+from pymongo.errors import BulkWriteError
+
+from ..jobs.errors import VersionConflictError
+from ..jobs.state import JobStepState
+from ..jobs.status import JobStepStatus
+from .codec import StepLookup, check_batch, check_id
+from .mongo_documents import raw_record, step_key, storable, stored_version
+from .mongo_partition import DUPLICATE_KEY, PLAN_BATCH, MongoRecords
+
+
+class MongoJobStepStorage(StepLookup, MongoRecords):
+    async def find(self, job_id: str, step_id: str) -> JobStepState | None:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        document = await self._run(
+            lambda: self._p.steps.find_one({"_id": step_key(job_id, step_id)})
+        )
+        if document is None:
+            return None
+        return self._codec.decode_step(
+            raw_record(document.get("state")), stored_version(document), step_id
+        )
+
+    async def get_many(self, job_id: str, step_ids: Sequence[str]) -> list[JobStepState]:
+        check_id(job_id, "job id")
+        wanted = [check_id(step_id, "step id") for step_id in step_ids]
+
+        def read() -> list[JobStepState]:
+            found: dict[str, JobStepState] = {}
+            for start in range(0, len(wanted), PLAN_BATCH):
+                keys = [step_key(job_id, step_id) for step_id in wanted[start : start + PLAN_BATCH]]
+                for document in self._p.steps.find(
+                    {"_id": {"$in": keys}}, {"stepId": 1, "state": 1, "version": 1}
+                ):
+                    step_id = str(document.get("stepId"))
+                    state = self._codec.decode_step_or_skip(
+                        raw_record(document.get("state")), stored_version(document), step_id
+                    )
+                    if state is not None:
+                        found[step_id] = state
+            return [found[step_id] for step_id in wanted if step_id in found]
+
+        return await self._run(read)
+
+    async def save(self, state: JobStepState) -> int:
+        return (await self.save_many([state]))[0]
+
+    async def save_many(self, states: Sequence[JobStepState]) -> list[int]:
+        if not states:
+            return []
+        pairs = check_batch(states)
+        token = uuid.uuid4().hex
+        expected = [state.version for state in states]
+        documents = [
+            {
+                "_id": step_key(state.job_id, state.id),
+                "jobId": state.job_id,
+                "stepId": state.id,
+                "status": int(state.status),
+                "stage": state.stage,
+                "version": Int64(state.version + 1),
+                "writeToken": token,
+                "state": storable(self._codec.step_document(state)),
+            }
+            for state in states
+        ]
+
+        def write() -> list[int]:
+            operations = [
+                (
+                    None if version == 0 else {"_id": document["_id"], "version": Int64(version)},
+                    document,
+                )
+                for document, version in zip(documents, expected, strict=True)
+            ]
+            try:
+                details = self._p.write_steps(operations)
+            except BulkWriteError as error:
+                details = error.details
+                unexpected = [
+                    e for e in details.get("writeErrors", ()) if e.get("code") != DUPLICATE_KEY
+                ]
+                if unexpected or details.get("writeConcernErrors"):
+                    raise
+            suspects = {int(e["index"]) for e in details.get("writeErrors", ())}
+            replaces = [i for i, version in enumerate(expected) if version != 0]
+            if details.get("nMatched", 0) < len(replaces):
+                suspects.update(replaces)
+            conflicts = self._conflicts(sorted(suspects), pairs, expected, token)
+            if conflicts:
+                lost = set(conflicts)
+                raise VersionConflictError(
+                    f"{len(conflicts)} step record(s) changed since they were read "
+                    f"(first: {conflicts[0]!r}); the other records of the batch were written",
+                    conflicts,
+                    applied={
+                        state.id: version + 1
+                        for state, version in zip(states, expected, strict=True)
+                        if state.id not in lost
+                    },
+                )
+            return [version + 1 for version in expected]
+
+        return await self._run(write)
+
+    def _conflicts(
+        self,
+        suspects: list[int],
+        pairs: list[tuple[str, str]],
+        expected: list[int],
+        token: str,
+    ) -> list[str]:
+        """The step ids among `suspects` that this call did not write."""
+        if not suspects:
+            return []
+        stored: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for start in range(0, len(suspects), PLAN_BATCH):
+            ids = [step_key(*pairs[i]) for i in suspects[start : start + PLAN_BATCH]]
+            for document in self._p.steps.find(
+                {"_id": {"$in": ids}}, {"jobId": 1, "stepId": 1, "version": 1, "writeToken": 1}
+            ):
+                stored[(document.get("jobId"), document.get("stepId"))] = document
+        conflicts = []
+        for i in suspects:
+            document = stored.get(pairs[i])
+            applied = (
+                document is not None
+                and document.get("writeToken") == token
+                and stored_version(document) == expected[i] + 1
+            )
+            if not applied:
+                conflicts.append(pairs[i][1])
+        return conflicts
+
+    @staticmethod
+    def _filter(job_id: str, statuses: Iterable[JobStepStatus] | None) -> dict[str, Any]:
+        check_id(job_id, "job id")
+        filter: dict[str, Any] = {"jobId": job_id}
+        if statuses is not None:
+            filter["status"] = {"$in": sorted({int(s) for s in statuses})}
+        return filter
+
+    async def get_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        filter = self._filter(job_id, statuses)
+
+        def read() -> list[JobStepState]:
+            cursor = self._p.steps.find(filter, {"stepId": 1, "state": 1, "version": 1})
+            cursor = cursor.sort([("stage", ASCENDING), ("stepId", ASCENDING)])
+            decoded = (
+                self._codec.decode_step_or_skip(
+                    raw_record(document.get("state")),
+                    stored_version(document),
+                    str(document.get("stepId")),
+                )
+                for document in cursor
+            )
+            return [state for state in decoded if state is not None]
+
+        return await self._run(read)
+
+    async def count_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> int:
+        filter = self._filter(job_id, statuses)
+        return await self._run(lambda: self._p.steps.count_documents(filter))
+
+    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
+        filter = self._filter(job_id, None)
+        pipeline = [{"$match": filter}, {"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+        groups = await self._run(lambda: list(self._p.steps.aggregate(pipeline)))
+        return {JobStepStatus(group["_id"]): int(group["n"]) for group in groups}
+
+    async def remove(self, job_id: str, step_id: str) -> bool:
+        check_id(job_id, "job id")
+        check_id(step_id, "step id")
+        result = await self._run(
+            lambda: self._p.steps.delete_one({"_id": step_key(job_id, step_id)})
+        )
+        return result.deleted_count == 1
+
+    async def remove_all_for_job(self, job_id: str) -> int:
+        filter = self._filter(job_id, None)
+        result = await self._run(lambda: self._p.steps.delete_many(filter))
+        return result.deleted_count
+
+    async def remove_all_non_failed_for_job(self, job_id: str) -> int:
+        filter = self._filter(job_id, None)
+        kept = sorted(int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE))
+        filter["status"] = {"$nin": kept}
+        result = await self._run(lambda: self._p.steps.delete_many(filter))
+        return result.deleted_count
