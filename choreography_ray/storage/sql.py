@@ -17,7 +17,8 @@ statement that is a whole unit of work runs without BEGIN/COMMIT; a batch is one
 (BEGIN IMMEDIATE on SQLite, so it waits for the write lock up front, within the busy timeout).
 Each unit is retried as a whole on a transient error.
 
-The tables and statements are in `sql_schema`, the partition's record calls in `sql_records`.
+The tables and statements are in `sql_schema`, the engines and transient errors in
+`sql_engines`, the partition's record calls in `sql_jobs` and `sql_steps`.
 
 URL options (query parameters, removed before the URL reaches the driver):
 
@@ -32,24 +33,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import psycopg
 from sqlalchemy import (
     Connection,
     Engine,
-    create_engine,
-    event,
     text,
 )
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, make_url
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
@@ -57,8 +51,11 @@ from ..jobs.registry import TypeRegistry
 from ..jobs.state import JobKey
 from .protocols import JobsStorage, StorageCapabilities
 from .provider import ThreadedProvider
-from .sql_records import ANALYZE_AFTER, SqlJobStepStorage, SqlJobStorage
+from .sql_base import ANALYZE_AFTER
+from .sql_engines import is_transient_error, postgres_engine, sqlite_engines
+from .sql_jobs import SqlJobStorage
 from .sql_schema import MIGRATIONS, VERSION_TABLE, Statements
+from .sql_steps import SqlJobStepStorage
 from .url import StorageURL
 
 _INLINE_RETRIES = (0.001, 0.002, 0.004, 0.008)
@@ -72,54 +69,9 @@ _INLINE: ContextVar[bool] = ContextVar("choreography_sqlite_inline", default=Fal
 
 log = logging.getLogger("choreography_ray.storage")
 
-T = TypeVar("T")
-
-
-DEFAULT_BUSY_TIMEOUT_MS = 30_000
-_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
 _AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
-
-# --------------------------------------------------------------------------------------------
-# Transient errors
-
-_PG_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57"})
-"""Connection exceptions, transaction rollbacks (serialization, deadlock), insufficient
-resources (too many connections), operator intervention (shutdown, statement timeout)."""
-_PG_TRANSIENT_STATES = frozenset({"55P03"})  # lock_not_available (lock_timeout)
-
-
-def is_transient_error(error: BaseException) -> bool:
-    """Whether a SQL storage call that failed with `error` is worth running again."""
-    if isinstance(error, sa_exc.IntegrityError | sa_exc.ProgrammingError | sa_exc.DataError):
-        return False
-    if isinstance(error, sa_exc.DBAPIError):
-        if error.connection_invalidated:
-            return True
-        return _driver_transient(error.orig)
-    if isinstance(error, sa_exc.TimeoutError):  # no pooled connection came free in time
-        return True
-    return _driver_transient(error)
-
-
-def _driver_transient(error: BaseException | None) -> bool:
-    if error is None:
-        return False
-    if isinstance(error, psycopg.Error):
-        if not isinstance(error, psycopg.OperationalError):
-            return False
-        state = error.sqlstate
-        if state is None:  # raised by the client: no connection, connection lost, timeout
-            return True
-        return state[:2] in _PG_TRANSIENT_CLASSES or state in _PG_TRANSIENT_STATES
-    if isinstance(error, sqlite3.Error):
-        if not isinstance(error, sqlite3.OperationalError):
-            return False
-        message = str(error).lower()
-        return "locked" in message or "busy" in message
-    return isinstance(error, TimeoutError | ConnectionError)
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,9 +117,11 @@ class SqlStorage(ThreadedProvider):
         self._housekeeping: set[asyncio.Task[None]] = set()
         try:
             if self.is_sqlite:
-                self.engine = self._sqlite_engine(url)
+                engines = sqlite_engines(url)
+                self.engine, self._inline_engine = engines.engine, engines.inline
+                self.database_path = engines.path
             else:
-                self.engine = self._postgres_engine(url, pool_size or threads)
+                self.engine, self.schema = postgres_engine(url, pool_size or threads)
         except BaseException:
             self._calls.shutdown()
             raise
@@ -177,103 +131,6 @@ class SqlStorage(ThreadedProvider):
             self.engine
             if self.is_sqlite
             else self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        )
-
-    # -- engines ------------------------------------------------------------------------------
-
-    def _sqlite_engine(self, url: StorageURL) -> Engine:
-        sa_url = _parse(url)
-        query = dict(sa_url.query)
-        database = sa_url.database or ""
-        if database in ("", ":memory:") or database.startswith("file:"):
-            raise ConfigurationError(
-                f"storage URL {url.redacted!r}: SQLite storage needs a database file, such as "
-                "sqlite:///.choreography/jobs.db; use memory:// for storage in memory"
-            )
-        synchronous = str(query.pop("synchronous", "NORMAL")).upper()
-        if synchronous not in _SYNCHRONOUS:
-            raise ConfigurationError(
-                f"storage URL {url.redacted!r}: synchronous must be one of "
-                f"{', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
-            )
-        raw_timeout = query.pop("busy_timeout", DEFAULT_BUSY_TIMEOUT_MS)
-        try:
-            busy_timeout = int(str(raw_timeout))
-            if busy_timeout < 0:
-                raise ValueError
-        except ValueError:
-            raise ConfigurationError(
-                f"storage URL {url.redacted!r}: busy_timeout must be a whole number of "
-                f"milliseconds, got {raw_timeout!r}"
-            ) from None
-        if query:
-            raise ConfigurationError(
-                f"storage URL {url.redacted!r}: unknown SQLite option(s) "
-                f"{', '.join(sorted(query))}; supported: synchronous, busy_timeout"
-            )
-        self.database_path = Path(database)
-        sa_url = sa_url.set(drivername="sqlite+pysqlite", query=query)
-        engine = self._sqlite_engine_for(sa_url, busy_timeout, synchronous, pool_size=2)
-        # The inline engine never waits for the write lock: a call that finds it taken goes
-        # to the provider's thread instead (see `run_quick`).
-        self._inline_engine = self._sqlite_engine_for(sa_url, 0, synchronous, pool_size=1)
-        return engine
-
-    def _sqlite_engine_for(
-        self, sa_url: URL, busy_timeout: int, synchronous: str, *, pool_size: int
-    ) -> Engine:
-        engine = create_engine(
-            sa_url,
-            connect_args={"timeout": busy_timeout / 1000, "check_same_thread": False},
-            pool_size=pool_size,
-            max_overflow=2,
-            hide_parameters=True,  # errors and logs name the statement, not the records
-        )
-        path = self.database_path
-
-        @event.listens_for(engine, "do_connect")
-        def _make_directory(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-
-        @event.listens_for(engine, "connect")
-        def _configure(dbapi_connection: Any, record: Any) -> None:
-            # The driver must not begin transactions on its own: a single statement commits by
-            # itself, and `transaction()` begins with BEGIN IMMEDIATE, so that a write takes the
-            # write lock at its start, where the busy timeout applies.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            try:
-                cursor.execute(f"PRAGMA busy_timeout = {busy_timeout}")
-                cursor.execute("PRAGMA journal_mode = WAL")
-                cursor.execute(f"PRAGMA synchronous = {synchronous}")
-            finally:
-                cursor.close()
-
-        return engine
-
-    def _postgres_engine(self, url: StorageURL, pool_size: int) -> Engine:
-        sa_url = _parse(url)
-        query = dict(sa_url.query)
-        connect_args: dict[str, Any] = {}
-        schema = query.pop("schema", None)
-        if schema is not None:
-            schema = str(schema)
-            if not _SCHEMA_NAME.match(schema):
-                raise ConfigurationError(
-                    f"storage URL {url.redacted!r}: schema must be a plain identifier "
-                    f"(letters, digits, underscores), got {schema!r}"
-                )
-            self.schema = schema
-            extra = query.pop("options", None)
-            options = f'-c search_path="{schema}"'
-            connect_args["options"] = f"{extra} {options}" if extra else options
-        sa_url = sa_url.set(drivername="postgresql+psycopg", query=query)
-        return create_engine(
-            sa_url,
-            connect_args=connect_args,
-            pool_size=pool_size,
-            max_overflow=2,
-            hide_parameters=True,  # errors and logs name the statement, not the records
         )
 
     # -- units of work ------------------------------------------------------------------------
@@ -438,6 +295,8 @@ class SqlStorage(ThreadedProvider):
         until autovacuum first analyzes the table (up to a minute). Called after large batches
         until the statistics are there; it costs a lookup, and an ANALYZE once.
         """
+        if self._steps_have_statistics:
+            return
         try:
             with self.autocommit() as connection:
                 known = connection.exec_driver_sql(
@@ -470,13 +329,3 @@ class SqlStorage(ThreadedProvider):
             steps=SqlJobStepStorage(self, key),
             plans=None,
         )
-
-
-def _parse(url: StorageURL) -> URL:
-    try:
-        return make_url(url.raw)
-    except (sa_exc.ArgumentError, ValueError):
-        # The parser's message may quote the URL, password and all: leave it out.
-        raise ConfigurationError(
-            f"storage URL {url.redacted!r} is not a valid database URL"
-        ) from None

@@ -37,9 +37,10 @@ from choreography_ray.jobs import (
     VersionConflictError,
 )
 from choreography_ray.storage import JobQuery, open_storage
-from choreography_ray.storage.sql import SqlStorage, is_transient_error
-from choreography_ray.storage.sql_records import QUICK_BATCH
+from choreography_ray.storage.sql import SqlStorage
+from choreography_ray.storage.sql_engines import is_transient_error
 from choreography_ray.storage.sql_schema import INDEXES, VERSION_TABLE, metadata
+from choreography_ray.storage.sql_steps import QUICK_BATCH
 
 from .sql_support import drop_schema, with_schema
 from .support import POSTGRES_ENV, env

@@ -1,42 +1,19 @@
-"""Job and step records in SQL: one partition's reads and compare-and-set writes.
-
-`SqlStorage` (sql.py) owns connections, threads and transactions; these classes turn the
-storage protocol's calls into statements over the tables of `sql_schema`.
-"""
+"""SQL step records of one partition: reads, batched compare-and-set writes, removal."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    and_,
-    bindparam,
-    delete,
-    func,
-    not_,
-    select,
-)
+from sqlalchemy import Connection, and_, bindparam, delete, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..jobs.errors import VersionConflictError
-from ..jobs.state import JobKey, JobState, JobStepState
-from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
-from .codec import (
-    JobLookup,
-    RecordCodec,
-    StepLookup,
-    check_batch,
-    check_id,
-    check_job_key,
-    to_micros,
-)
-from .protocols import JobQuery
-from .sql_schema import jobs_table, steps_table
-
-if TYPE_CHECKING:
-    from .sql import SqlStorage
+from ..jobs.state import JobStepState
+from ..jobs.status import JobStepStatus
+from .codec import StepLookup, check_batch, check_id
+from .sql_base import ANALYZE_AFTER, SqlRecords, scalar
+from .sql_schema import steps_table
 
 QUICK_BATCH = 2000
 """Batches up to this size may run inline on the event loop (SQLite), blocking it for tens of
@@ -48,176 +25,13 @@ running steps, a 1,000-row flush took over a second that way, and outcomes waite
 _LOOKUP_CHUNK = 500
 # A SQLite batch of this many records leaves the checkpoint of the log for after its answer.
 _DEFERRED_CHECKPOINT_ROWS = 1000
-# A PostgreSQL steps table without statistics is analyzed after a batch inserts this many.
-ANALYZE_AFTER = 1000
 # A batch that lost and then finds no conflict (the record moved back meanwhile) is tried again.
 _BATCH_ATTEMPTS = 3
 
-_TERMINAL = tuple(sorted(int(s) for s in TERMINAL_JOB_STATUSES))
 _KEPT_STEPS = (int(JobStepStatus.COMPLETED_WITH_FAILURE), int(JobStepStatus.FAILED))
 
 
-class _Base:
-    def __init__(self, provider: SqlStorage, key: JobKey) -> None:
-        self.provider = provider
-        self.key = key
-        self._codec: RecordCodec = provider.codec
-        self._sql = provider.sql
-        self._run = provider.run
-        self._quick = provider.run_quick
-        self._read = provider.run_read
-
-
-# --------------------------------------------------------------------------------------------
-# Jobs
-
-
-class SqlJobStorage(JobLookup, _Base):
-    async def find(self, job_id: str) -> JobState | None:
-        check_id(job_id, "job id")
-        row = await self._quick(self._find, job_id)
-        if row is None:
-            return None
-        return self._codec.decode_job(row[1], row[0], job_id)
-
-    def _find(self, job_id: str) -> tuple[int, str] | None:
-        with self.provider.autocommit() as connection:
-            row = connection.exec_driver_sql(
-                self._sql.find_job, (self.key.scope, self.key.namespace, job_id)
-            ).first()
-        return None if row is None else (row[0], row[1])
-
-    async def save(self, state: JobState) -> int:
-        check_id(state.id, "job id")
-        check_job_key(state, self.key)
-        return await self._quick(self._save, state)
-
-    def _save(self, state: JobState) -> int:
-        document = self._codec.encode_job(state)
-        scope, namespace = self.key.scope, self.key.namespace
-        expected = state.version
-        columns = (
-            state.type,
-            int(state.status),
-            to_micros(state.created),
-            state.stop_finalized,
-        )
-        with self.provider.autocommit() as connection:
-            if expected == 0:
-                written = connection.exec_driver_sql(
-                    self._sql.insert_job, (scope, namespace, state.id, *columns, document)
-                ).rowcount
-            else:
-                written = 0
-                key = (scope, namespace, state.id, expected)
-                if self.provider.is_sqlite:
-                    written = connection.exec_driver_sql(
-                        self._sql.update_job_record, (expected + 1, document, *key, *columns)
-                    ).rowcount
-                if not written:
-                    written = connection.exec_driver_sql(
-                        self._sql.update_job, (*columns, expected + 1, document, *key)
-                    ).rowcount
-            if written != 1:
-                stored = connection.exec_driver_sql(
-                    self._sql.job_version, (scope, namespace, state.id)
-                ).scalar()
-                raise VersionConflictError(
-                    f"job {state.id!r}: stored version is {stored or 0}, write expected {expected}",
-                    [state.id],
-                )
-        return expected + 1
-
-    async def remove(self, job_id: str) -> bool:
-        check_id(job_id, "job id")
-        return await self._quick(self._delete, self._where(jobs_table.c.id == job_id)) > 0
-
-    async def remove_terminal(self, job_id: str) -> bool:
-        check_id(job_id, "job id")
-        where = self._where(jobs_table.c.id == job_id, jobs_table.c.status.in_(_TERMINAL))
-        return await self._run(self._delete, where) > 0
-
-    def _delete(self, where: ColumnElement[bool]) -> int:
-        with self.provider.autocommit() as connection:
-            return connection.execute(delete(jobs_table).where(where)).rowcount
-
-    def _where(self, *conditions: ColumnElement[bool]) -> ColumnElement[bool]:
-        return and_(
-            jobs_table.c.scope == self.key.scope,
-            jobs_table.c.namespace == self.key.namespace,
-            *conditions,
-        )
-
-    def _matching(self, query: JobQuery) -> ColumnElement[bool]:
-        conditions = []
-        if query.type is not None:
-            conditions.append(jobs_table.c.type == query.type)
-        if query.statuses:
-            conditions.append(jobs_table.c.status.in_(sorted(int(s) for s in query.statuses)))
-        if query.created_before is not None:
-            conditions.append(jobs_table.c.created < to_micros(query.created_before))
-        return self._where(*conditions)
-
-    async def query(self, query: JobQuery | None = None) -> list[JobState]:
-        query = query or JobQuery()
-        statement = (
-            select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
-            .where(self._matching(query))
-            .order_by(jobs_table.c.created, jobs_table.c.id)
-        )
-        if query.skip:
-            statement = statement.offset(query.skip)
-        if query.take > 0:
-            statement = statement.limit(query.take)
-        return await self._run(self._decoded, statement)
-
-    async def count(self, query: JobQuery | None = None) -> int:
-        statement = (
-            select(func.count()).select_from(jobs_table).where(self._matching(query or JobQuery()))
-        )
-        return await self._run(_scalar, self.provider, statement)
-
-    async def get_jobs_excluding_finalized_stops(
-        self, statuses: Iterable[JobStatus]
-    ) -> list[JobState]:
-        wanted = sorted({int(s) for s in statuses})
-        if not wanted:
-            return []
-        statement = (
-            select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
-            .where(
-                self._where(
-                    jobs_table.c.status.in_(wanted),
-                    not_(
-                        and_(
-                            jobs_table.c.status == int(JobStatus.STOPPED),
-                            jobs_table.c.stop_finalized,
-                        )
-                    ),
-                )
-            )
-            .order_by(jobs_table.c.created, jobs_table.c.id)
-        )
-        return await self._run(self._decoded, statement)
-
-    def _decoded(self, statement: Any) -> list[JobState]:
-        with self.provider.autocommit() as connection:
-            rows = connection.execute(statement).all()
-        decode = self._codec.decode_job_or_skip
-        decoded = (decode(document, version, job_id) for job_id, version, document in rows)
-        return [state for state in decoded if state is not None]
-
-
-def _scalar(provider: SqlStorage, statement: Any) -> int:
-    with provider.autocommit() as connection:
-        return int(connection.execute(statement).scalar() or 0)
-
-
-# --------------------------------------------------------------------------------------------
-# Steps
-
-
-class SqlJobStepStorage(StepLookup, _Base):
+class SqlJobStepStorage(StepLookup, SqlRecords):
     async def find(self, job_id: str, step_id: str) -> JobStepState | None:
         check_id(job_id, "job id")
         check_id(step_id, "step id")
@@ -282,7 +96,7 @@ class SqlJobStepStorage(StepLookup, _Base):
                 )
         for _ in range(_BATCH_ATTEMPTS):
             if self._write_batch(inserts, updates):
-                if len(inserts) >= ANALYZE_AFTER and not self.provider._steps_have_statistics:
+                if len(inserts) >= ANALYZE_AFTER:
                     self.provider.analyze_new_steps()
                 return [state.version + 1 for state in states]
             # Nothing was written. Say which records lost; if none does any more (a record
@@ -429,7 +243,7 @@ class SqlJobStepStorage(StepLookup, _Base):
         statement = (
             select(func.count()).select_from(steps_table).where(self._where(job_id, statuses))
         )
-        return await self._run(_scalar, self.provider, statement)
+        return await self._run(scalar, self.provider, statement)
 
     async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
         check_id(job_id, "job id")
