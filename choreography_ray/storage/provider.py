@@ -31,6 +31,16 @@ PROVIDERS: dict[str, str] = {
 }
 """URL scheme -> provider class, imported only when that scheme is used."""
 
+DRIVERS: dict[str, tuple[str, str]] = {
+    "postgresql": ("psycopg", "postgres"),
+    "postgresql+psycopg": ("psycopg", "postgres"),
+    "mongodb": ("pymongo", "mongo"),
+    "mongodb+srv": ("pymongo", "mongo"),
+    "mongomock": ("pymongo", "mongo"),
+}
+"""URL scheme -> (driver module, the package extra that installs it), for drivers that are
+optional: SQLite and memory storage need nothing beyond the package itself."""
+
 
 class StorageProvider(ABC):
     """Opens the per-(scope, namespace) storages of one URL and shares their resources."""
@@ -128,6 +138,7 @@ def provider_class(url: StorageURL) -> type[StorageProvider]:
             f"storage URL {url.redacted!r}: unknown scheme {url.scheme!r}; "
             f"supported: {', '.join(sorted(PROVIDERS))}"
         )
+    _require_driver(url)
     module_name, _, class_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -140,6 +151,22 @@ def provider_class(url: StorageURL) -> type[StorageProvider]:
     if not (isinstance(cls, type) and issubclass(cls, StorageProvider)):
         raise ConfigurationError(f"{target} is not a storage provider")
     return cls
+
+
+def _require_driver(url: StorageURL) -> None:
+    """Fail with the extra to install when the URL's driver is missing, before any import of
+    the provider trips over it."""
+    driver = DRIVERS.get(url.scheme)
+    if driver is None:
+        return
+    module_name, extra = driver
+    try:
+        importlib.import_module(module_name)
+    except ImportError:
+        raise ConfigurationError(
+            f"storage URL {url.redacted!r} needs the {module_name} driver, which is not "
+            f"installed: pip install 'choreography-ray[{extra}]'"
+        ) from None
 
 
 def open_storage(
