@@ -11,6 +11,7 @@ from .protocols import (
     JobsStorage,
     JobStepStorage,
     JobStorage,
+    StepCounts,
     StepPlanStorage,
     StorageCapabilities,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "JobStepStorage",
     "JobStorage",
     "JobsStorage",
+    "StepCounts",
     "StepPlanStorage",
     "StorageCapabilities",
     "StorageProvider",

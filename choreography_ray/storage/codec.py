@@ -2,13 +2,15 @@
 
 Reading is strict: a record that is not valid JSON of its model, or that names a type the
 registry does not know, raises `MalformedRecordError` or `UnknownTypeError`. Listings use
-`decode_*_or_skip`, which log such a record and leave it out rather than fail the listing.
+`decode_*_or_skip` and `decode_steps`, which log such a record and leave it out rather than fail
+the listing; the engine's loads (`decode_steps(strict=True)`) raise `UnreadableStepsError`
+instead, and counts (`count_steps`) count such records apart.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,12 +21,21 @@ from ..jobs.errors import (
     RecordNotFoundError,
     StorageJobError,
     StorageJobStepError,
+    TypeRegistryError,
     UnknownTypeError,
+    UnreadableStepsError,
 )
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
 from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
+from .protocols import StepCounts
 
 log = logging.getLogger("choreography_ray.storage")
+
+StepRecord = tuple[str, int, "str | bytes | dict[str, Any]"]
+"""A stored step as providers read it: step id, version, record."""
+
+_UNREADABLE = (MalformedRecordError, TypeRegistryError)
+"""What reading a record raises when the record, not the storage, is at fault."""
 
 MAX_ID_LENGTH = 200
 
@@ -97,7 +108,7 @@ class RecordCodec:
     ) -> JobState | None:
         try:
             return self.decode_job(raw, version, job_id)
-        except (MalformedRecordError, UnknownTypeError) as error:
+        except _UNREADABLE as error:
             log.warning("skipping unreadable job record %r: %s", job_id, error)
             return None
 
@@ -140,9 +151,40 @@ class RecordCodec:
     ) -> JobStepState | None:
         try:
             return self.decode_step(raw, version, step_id)
-        except (MalformedRecordError, UnknownTypeError) as error:
+        except _UNREADABLE as error:
             log.warning("skipping unreadable step record %r: %s", step_id, error)
             return None
+
+    def sort_steps(self, rows: Iterable[StepRecord]) -> tuple[list[JobStepState], dict[str, str]]:
+        """The records of `rows` that can be read, in order, and why each other one cannot."""
+        states: list[JobStepState] = []
+        unreadable: dict[str, str] = {}
+        for step_id, version, raw in rows:
+            try:
+                states.append(self.decode_step(raw, version, step_id))
+            except _UNREADABLE as error:
+                unreadable[step_id] = error.message
+        return states, unreadable
+
+    def decode_steps(
+        self, job_id: str, rows: Iterable[StepRecord], *, strict: bool
+    ) -> list[JobStepState]:
+        """A job's step records: with `strict`, all of them or `UnreadableStepsError`; else
+        the readable ones, each unreadable one logged and left out."""
+        states, unreadable = self.sort_steps(rows)
+        if unreadable and strict:
+            raise UnreadableStepsError(job_id, unreadable)
+        for step_id, why in unreadable.items():
+            log.warning("skipping unreadable step record %r of job %r: %s", step_id, job_id, why)
+        return states
+
+    def count_steps(self, rows: Iterable[StepRecord]) -> StepCounts:
+        """The records of `rows` per status, the unreadable ones counted apart."""
+        states, unreadable = self.sort_steps(rows)
+        counts = StepCounts(unreadable=len(unreadable))
+        for state in states:
+            counts[state.status] = counts.get(state.status, 0) + 1
+        return counts
 
     # -- plans --------------------------------------------------------------------------------
 

@@ -22,12 +22,13 @@ from .codec import (
     JobLookup,
     RecordCodec,
     StepLookup,
+    StepRecord,
     check_batch,
     check_id,
     check_job_key,
     to_micros,
 )
-from .protocols import JobQuery, JobsStorage, StorageCapabilities
+from .protocols import JobQuery, JobsStorage, StepCounts, StorageCapabilities
 from .provider import StorageProvider
 from .url import StorageURL
 
@@ -66,6 +67,9 @@ class MemoryStore:
         with self.lock:
             return self.partitions.setdefault(key, Partition())
 
+
+_KEPT = frozenset(int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE))
+"""Statuses of the steps `remove_all_non_failed_for_job` keeps, when readable."""
 
 _STORES: dict[str, MemoryStore] = {}
 _STORES_LOCK = threading.Lock()
@@ -277,26 +281,26 @@ class MemoryJobStepStorage(StepLookup, _Base):
         rows.sort(key=lambda item: (item[1].stage, item[0]))
         return rows
 
+    def _records(self, job_id: str, statuses: Iterable[JobStepStatus] | None) -> list[StepRecord]:
+        return [(i, row.version, row.document) for i, row in self._rows(job_id, statuses)]
+
     async def get_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> list[JobStepState]:
-        decoded = (
-            self._codec.decode_step_or_skip(r.document, r.version, i)
-            for i, r in self._rows(job_id, statuses)
-        )
-        return [state for state in decoded if state is not None]
+        return self._codec.decode_steps(job_id, self._records(job_id, statuses), strict=False)
+
+    async def get_all_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        return self._codec.decode_steps(job_id, self._records(job_id, statuses), strict=True)
 
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int:
         return len(self._rows(job_id, statuses))
 
-    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
-        counts: dict[JobStepStatus, int] = {}
-        for _, row in self._rows(job_id, None):
-            status = JobStepStatus(row.status)
-            counts[status] = counts.get(status, 0) + 1
-        return counts
+    async def count_by_status(self, job_id: str) -> StepCounts:
+        return self._codec.count_steps(self._records(job_id, None))
 
     async def remove(self, job_id: str, step_id: str) -> bool:
         check_id(job_id, "job id")
@@ -311,10 +315,13 @@ class MemoryJobStepStorage(StepLookup, _Base):
 
     async def remove_all_non_failed_for_job(self, job_id: str) -> int:
         check_id(job_id, "job id")
-        failed = {int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE)}
         with self._lock:
             steps = self._p.steps.get(job_id, {})
-            doomed = [step_id for step_id, row in steps.items() if row.status not in failed]
+            kept = [
+                (i, row.version, row.document) for i, row in steps.items() if row.status in _KEPT
+            ]
+            _, unreadable = self._codec.sort_steps(kept)
+            doomed = [i for i, row in steps.items() if row.status not in _KEPT or i in unreadable]
             for step_id in doomed:
                 del steps[step_id]
             return len(doomed)

@@ -13,9 +13,10 @@ from pymongo.errors import BulkWriteError
 from ..jobs.errors import VersionConflictError
 from ..jobs.state import JobStepState
 from ..jobs.status import JobStepStatus
-from .codec import StepLookup, check_batch, check_id
+from .codec import StepLookup, StepRecord, check_batch, check_id
 from .mongo_documents import raw_record, step_key, storable, stored_version
 from .mongo_partition import DUPLICATE_KEY, PLAN_BATCH, MongoRecords
+from .protocols import StepCounts
 
 
 class MongoJobStepStorage(StepLookup, MongoRecords):
@@ -150,25 +151,34 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
             filter["status"] = {"$in": sorted({int(s) for s in statuses})}
         return filter
 
+    def _records(self, filter: dict[str, Any]) -> list[StepRecord]:
+        """(step id, version, record) of the steps `filter` matches, by stage and id."""
+        cursor = self._p.steps.find(filter, {"stepId": 1, "state": 1, "version": 1})
+        cursor = cursor.sort([("stage", ASCENDING), ("stepId", ASCENDING)])
+        return [
+            (
+                str(document.get("stepId")),
+                stored_version(document),
+                raw_record(document.get("state")),
+            )
+            for document in cursor
+        ]
+
     async def get_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> list[JobStepState]:
         filter = self._filter(job_id, statuses)
+        return await self._run(
+            lambda: self._codec.decode_steps(job_id, self._records(filter), strict=False)
+        )
 
-        def read() -> list[JobStepState]:
-            cursor = self._p.steps.find(filter, {"stepId": 1, "state": 1, "version": 1})
-            cursor = cursor.sort([("stage", ASCENDING), ("stepId", ASCENDING)])
-            decoded = (
-                self._codec.decode_step_or_skip(
-                    raw_record(document.get("state")),
-                    stored_version(document),
-                    str(document.get("stepId")),
-                )
-                for document in cursor
-            )
-            return [state for state in decoded if state is not None]
-
-        return await self._run(read)
+    async def get_all_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        filter = self._filter(job_id, statuses)
+        return await self._run(
+            lambda: self._codec.decode_steps(job_id, self._records(filter), strict=True)
+        )
 
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
@@ -176,11 +186,10 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
         filter = self._filter(job_id, statuses)
         return await self._run(lambda: self._p.steps.count_documents(filter))
 
-    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
+    async def count_by_status(self, job_id: str) -> StepCounts:
+        """Reads every record: only reading tells a readable one from one that is not."""
         filter = self._filter(job_id, None)
-        pipeline = [{"$match": filter}, {"$group": {"_id": "$status", "n": {"$sum": 1}}}]
-        groups = await self._run(lambda: list(self._p.steps.aggregate(pipeline)))
-        return {JobStepStatus(group["_id"]): int(group["n"]) for group in groups}
+        return await self._run(lambda: self._codec.count_steps(self._records(filter)))
 
     async def remove(self, job_id: str, step_id: str) -> bool:
         check_id(job_id, "job id")
@@ -196,8 +205,19 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
         return result.deleted_count
 
     async def remove_all_non_failed_for_job(self, job_id: str) -> int:
+        """The steps not failed, then the failed ones that cannot be read; one retried unit,
+        which a retry repeats harmlessly."""
         filter = self._filter(job_id, None)
         kept = sorted(int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE))
-        filter["status"] = {"$nin": kept}
-        result = await self._run(lambda: self._p.steps.delete_many(filter))
-        return result.deleted_count
+        steps = self._p.steps
+
+        def remove() -> int:
+            removed = steps.delete_many({**filter, "status": {"$nin": kept}}).deleted_count
+            _, unreadable = self._codec.sort_steps(self._records(filter))
+            doomed = list(unreadable)
+            for start in range(0, len(doomed), PLAN_BATCH):
+                keys = [step_key(job_id, step_id) for step_id in doomed[start : start + PLAN_BATCH]]
+                removed += steps.delete_many({"_id": {"$in": keys}}).deleted_count
+            return removed
+
+        return await self._run(remove)

@@ -62,6 +62,38 @@ class StorageCapabilities:
     """Two processes opening the same URL see the same data."""
 
 
+class StepCounts(dict[JobStepStatus, int]):
+    """A job's steps per status, of the records that can be read; `unreadable` counts the rest.
+
+    An unreadable record (malformed, or naming a type this release does not register) has no
+    status anyone can trust, so it is counted apart, never dropped: the statuses and
+    `unreadable` together count every record, as `count_for_job` does.
+    """
+
+    def __init__(
+        self, counts: dict[JobStepStatus, int] | None = None, *, unreadable: int = 0
+    ) -> None:
+        super().__init__(counts or {})
+        self.unreadable = unreadable
+
+    @property
+    def total(self) -> int:
+        return sum(self.values()) + self.unreadable
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepCounts) and other.unreadable != self.unreadable:
+            return False
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StepCounts({dict(self)!r}, unreadable={self.unreadable})"
+
+
 @runtime_checkable
 class JobStorage(Protocol):
     async def get(self, job_id: str) -> JobState:
@@ -114,21 +146,37 @@ class JobStepStorage(Protocol):
     async def get_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> list[JobStepState]:
-        """The job's steps, ordered by stage and id; all statuses when `statuses` is None."""
+        """The job's steps, ordered by stage and id; all statuses when `statuses` is None.
+
+        For listings: a record that cannot be read is left out, with a warning in the log.
+        """
+        ...
+
+    async def get_all_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        """`get_for_job` for the engine: every record, or `UnreadableStepsError` naming each
+        one that cannot be read. A job is never resumed, counted or completed from part of
+        its steps."""
         ...
 
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int: ...
 
-    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]: ...
+    async def count_by_status(self, job_id: str) -> StepCounts:
+        """How many of the job's step records are in each status; unreadable ones apart."""
+        ...
 
     async def remove(self, job_id: str, step_id: str) -> bool: ...
 
-    async def remove_all_for_job(self, job_id: str) -> int: ...
+    async def remove_all_for_job(self, job_id: str) -> int:
+        """Delete every record of the job's steps, readable or not."""
+        ...
 
     async def remove_all_non_failed_for_job(self, job_id: str) -> int:
-        """Delete the job's steps except the failed ones, which stay queryable."""
+        """Delete the job's steps except the failed ones, which stay queryable; an unreadable
+        record is deleted whatever its stored status, since no query can show it."""
         ...
 
 

@@ -11,7 +11,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..jobs.errors import VersionConflictError
 from ..jobs.state import JobStepState
 from ..jobs.status import JobStepStatus
-from .codec import StepLookup, check_batch, check_id
+from .codec import StepLookup, StepRecord, check_batch, check_id
+from .protocols import StepCounts
 from .sql_base import ANALYZE_AFTER, SqlRecords, scalar
 from .sql_schema import steps_table
 
@@ -220,6 +221,25 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     async def get_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> list[JobStepState]:
+        return await self._run(self._decoded, job_id, statuses, False)
+
+    async def get_all_for_job(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
+    ) -> list[JobStepState]:
+        return await self._run(self._decoded, job_id, statuses, True)
+
+    def _decoded(
+        self, job_id: str, statuses: Iterable[JobStepStatus] | None, strict: bool
+    ) -> list[JobStepState]:
+        return self._codec.decode_steps(job_id, self._records(job_id, statuses), strict=strict)
+
+    def _records(
+        self,
+        job_id: str,
+        statuses: Iterable[JobStepStatus] | None,
+        connection: Connection | None = None,
+    ) -> list[StepRecord]:
+        """(step id, version, record) of the job's steps, ordered by stage and id."""
         check_id(job_id, "job id")
         c = steps_table.c
         statement = (
@@ -227,14 +247,10 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
             .where(self._where(job_id, statuses))
             .order_by(c.stage, c.step_id)
         )
-        return await self._run(self._decoded, statement)
-
-    def _decoded(self, statement: Any) -> list[JobStepState]:
-        with self.provider.autocommit() as connection:
-            rows = connection.execute(statement).all()
-        decode = self._codec.decode_step_or_skip
-        decoded = (decode(document, version, step_id) for step_id, version, document in rows)
-        return [state for state in decoded if state is not None]
+        if connection is not None:
+            return [(i, version, record) for i, version, record in connection.execute(statement)]
+        with self.provider.autocommit() as own:
+            return [(i, version, record) for i, version, record in own.execute(statement)]
 
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
@@ -245,16 +261,10 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         )
         return await self._run(scalar, self.provider, statement)
 
-    async def count_by_status(self, job_id: str) -> dict[JobStepStatus, int]:
+    async def count_by_status(self, job_id: str) -> StepCounts:
+        """Reads every record: only reading tells a readable one from one that is not."""
         check_id(job_id, "job id")
-        c = steps_table.c
-        statement = select(c.status, func.count()).where(self._where(job_id)).group_by(c.status)
-        rows = await self._run(self._rows, statement)
-        return {JobStepStatus(status): count for status, count in rows}
-
-    def _rows(self, statement: Any) -> list[tuple[Any, ...]]:
-        with self.provider.autocommit() as connection:
-            return [tuple(row) for row in connection.execute(statement)]
+        return await self._run(lambda: self._codec.count_steps(self._records(job_id, None)))
 
     async def remove(self, job_id: str, step_id: str) -> bool:
         check_id(job_id, "job id")
@@ -268,8 +278,24 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
 
     async def remove_all_non_failed_for_job(self, job_id: str) -> int:
         check_id(job_id, "job id")
-        where = and_(self._where(job_id), steps_table.c.status.not_in(_KEPT_STEPS))
-        return await self._run(self._delete, where)
+        return await self._run(self._remove_non_failed, job_id)
+
+    def _remove_non_failed(self, job_id: str) -> int:
+        """One transaction: the steps not failed, then the failed ones that cannot be read."""
+        c = steps_table.c
+        with self.provider.transaction() as connection:
+            removed = connection.execute(
+                delete(steps_table).where(self._where(job_id), c.status.not_in(_KEPT_STEPS))
+            ).rowcount
+            _, unreadable = self._codec.sort_steps(self._records(job_id, None, connection))
+            doomed = list(unreadable)
+            statement = delete(steps_table).where(
+                self._where(job_id), c.step_id.in_(bindparam("step_ids", expanding=True))
+            )
+            for start in range(0, len(doomed), _LOOKUP_CHUNK):
+                chunk = doomed[start : start + _LOOKUP_CHUNK]
+                removed += connection.execute(statement, {"step_ids": chunk}).rowcount
+        return removed
 
     def _delete(self, where: ColumnElement[bool]) -> int:
         with self.provider.autocommit() as connection:

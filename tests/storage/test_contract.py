@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import pickle
 import uuid
 
 import pytest
@@ -25,9 +26,10 @@ from choreography_ray.jobs import (
     RecordNotFoundError,
     StorageJobError,
     UnknownTypeError,
+    UnreadableStepsError,
     VersionConflictError,
 )
-from choreography_ray.storage import JobQuery
+from choreography_ray.storage import JobQuery, StepCounts
 
 from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
@@ -572,7 +574,9 @@ def test_removing_non_failed_steps_keeps_failed_ones_queryable(run, storage, mak
     ]
 
 
-def _raw_step(run, support, provider, key, job_id, step_id, document, stage=0):
+def _raw_step(
+    run, support, provider, key, job_id, step_id, document, stage=0, status=JobStepStatus.RUNNING
+):
     run(
         support.write_raw_step(
             provider,
@@ -580,7 +584,7 @@ def _raw_step(run, support, provider, key, job_id, step_id, document, stage=0):
             job_id,
             step_id,
             document=document,
-            status=int(JobStepStatus.RUNNING),
+            status=int(status),
             stage=stage,
         )
     )
@@ -603,6 +607,108 @@ def test_an_unreadable_step_is_skipped_in_listings_and_an_error_when_read(
         run(storage.steps.get("job", "bad"))
     with pytest.raises(UnknownTypeError):
         run(storage.steps.get("job", "alien"))
+
+
+def _job_with_unreadable_steps(run, support, provider, storage, key, make):
+    """Job "job": two readable steps, and three records that cannot be read (one malformed,
+    two of a step type this release does not register), one of them with a failed status."""
+    run(
+        storage.steps.save_many(
+            [
+                make.step("job", "good-1", status=JobStepStatus.COMPLETED_SUCCESSFULLY),
+                make.step("job", "good-2", status=JobStepStatus.FAILED, stage=1),
+            ]
+        )
+    )
+    alien = make.step("job", "x", type="later.release.Step").model_dump_json()
+    _raw_step(run, support, provider, key, "job", "alien-1", alien.replace('"x"', '"alien-1"'))
+    _raw_step(
+        run,
+        support,
+        provider,
+        key,
+        "job",
+        "alien-2",
+        alien.replace('"x"', '"alien-2"'),
+        status=JobStepStatus.FAILED,
+    )
+    _raw_step(run, support, provider, key, "job", "broken", "{not json", stage=1)
+    run(storage.steps.save(make.step("other-job", "untouched")))
+
+
+def test_a_strict_load_of_a_job_with_unreadable_steps_names_them_and_returns_nothing(
+    run, support, provider, storage, key, make
+):
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    with pytest.raises(UnreadableStepsError) as raised:
+        run(storage.steps.get_all_for_job("job"))
+    error = raised.value
+    assert error.job_id == "job"
+    assert sorted(error.unreadable) == ["alien-1", "alien-2", "broken"]
+    assert "later.release.Step" in error.unreadable["alien-1"]
+    assert "malformed" in error.unreadable["broken"]
+    message = str(error)
+    assert "3 step record(s) cannot be read" in message and "'alien-1'" in message
+    assert "\n" not in message
+    # Nothing changed in storage, and listings still show what can be read.
+    assert run(storage.steps.count_for_job("job")) == 5
+    assert [s.id for s in run(storage.steps.get_for_job("job"))] == ["good-1", "good-2"]
+
+
+def test_a_strict_load_of_readable_steps_is_the_listing(run, storage, make):
+    run(storage.steps.save_many([make.step("job", f"s{n}", stage=n % 2) for n in range(4)]))
+    strict = run(storage.steps.get_all_for_job("job"))
+    assert strict == run(storage.steps.get_for_job("job"))
+    assert [s.id for s in strict] == ["s0", "s2", "s1", "s3"]
+    running = [JobStepStatus.RUNNING]
+    assert run(storage.steps.get_all_for_job("job", running)) == []
+    assert run(storage.steps.get_all_for_job("nobody")) == []
+
+
+def test_an_unreadable_step_error_names_only_the_first_few_ids():
+    error = UnreadableStepsError("job", {f"s{n}": "unknown step type" for n in range(1996)})
+    message = str(error)
+    assert "1996 step record(s)" in message and "'s0'" in message and "'s2'" in message
+    assert "'s3'" not in message and "and 1993 more" in message
+
+
+def test_counts_and_the_unreadable_steps_error_cross_process_boundaries_whole():
+    counts = StepCounts({JobStepStatus.FAILED: 2}, unreadable=1)
+    again = pickle.loads(pickle.dumps(counts))
+    assert again == counts and again.unreadable == 1 and again.total == 3
+    assert again != StepCounts({JobStepStatus.FAILED: 2})
+    error = pickle.loads(pickle.dumps(UnreadableStepsError("job", {"s1": "malformed"})))
+    assert (error.job_id, error.unreadable) == ("job", {"s1": "malformed"})
+    assert "'s1': malformed" in str(error)
+
+
+def test_unreadable_steps_are_counted_apart_never_dropped(
+    run, support, provider, storage, key, make
+):
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    counts = run(storage.steps.count_by_status("job"))
+    assert dict(counts) == {JobStepStatus.COMPLETED_SUCCESSFULLY: 1, JobStepStatus.FAILED: 1}
+    assert counts.unreadable == 3
+    assert counts.total == run(storage.steps.count_for_job("job")) == 5
+    assert run(storage.steps.count_by_status("other-job")).unreadable == 0
+
+
+def test_removing_a_job_s_steps_removes_unreadable_records_too(
+    run, support, provider, storage, key, make
+):
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    assert run(storage.steps.remove_all_for_job("job")) == 5
+    assert run(storage.steps.count_for_job("job")) == 0
+    assert run(storage.steps.count_for_job("other-job")) == 1
+
+
+def test_keeping_failed_steps_keeps_only_readable_ones(run, support, provider, storage, key, make):
+    # A failed record that cannot be read is shown by no query: keeping it would keep it forever.
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    assert run(storage.steps.remove_all_non_failed_for_job("job")) == 4
+    assert [s.id for s in run(storage.steps.get_all_for_job("job"))] == ["good-2"]
+    assert run(storage.steps.count_for_job("job")) == 1
+    assert run(storage.steps.count_for_job("other-job")) == 1
 
 
 def test_a_step_whose_state_does_not_fit_its_type_is_malformed(
