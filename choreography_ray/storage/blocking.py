@@ -28,8 +28,15 @@ class BlockingCalls:
     `shutdown` lets the queued ones finish. Threads start with the first call.
     """
 
-    def __init__(self, threads: int, name: str, after: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        threads: int,
+        name: str,
+        after: Callable[[], None] | None = None,
+        after_due: Callable[[], bool] | None = None,
+    ) -> None:
         self._after = after
+        self._after_due = after_due
         self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
         self._count = max(1, threads)
         self._name = name
@@ -73,23 +80,32 @@ class BlockingCalls:
                 return
             loop, future, fn, args = item
             if future.cancelled():
-                with self._lock:
-                    self._pending -= 1
+                self._done()
                 continue
             try:
                 outcome, failed = fn(*args), False
             except BaseException as error:
                 outcome, failed = error, True
+            # Idle before the caller hears the outcome, unless housekeeping follows: a caller
+            # that checks `idle` next must find it so (see `SqlStorage.run_quick`).
+            housekeeping = self._after is not None and (
+                self._after_due is None or self._after_due()
+            )
+            if not housekeeping:
+                self._done()
             with suppress(RuntimeError):  # a closed loop: nobody waits for the outcome
                 loop.call_soon_threadsafe(_settle, future, outcome, failed)
             del item, future, outcome, args
-            if self._after is not None:
+            if housekeeping:
                 try:
-                    self._after()
+                    self._after()  # type: ignore[misc]
                 except Exception as error:  # housekeeping only; the next call goes ahead
                     log.debug("%s: after-call housekeeping failed: %s", self._name, error)
-            with self._lock:
-                self._pending -= 1
+                self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def shutdown(self) -> None:
         """Run what is queued, then stop the threads; later submissions are refused."""

@@ -107,9 +107,12 @@ class ThreadedProvider(StorageProvider):
         threads: int = 4,
         sleep: Callable[[float], None] | None = None,
         after_call: Callable[[], None] | None = None,
+        after_call_due: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(url, registry=registry, options=options)
-        self._calls = BlockingCalls(threads, f"choreography-{url.dialect}", after_call)
+        self._calls = BlockingCalls(
+            threads, f"choreography-{url.dialect}", after_call, after_call_due
+        )
         retry_args: dict[str, Any] = {
             "attempts": self.options.transient_retry_attempts,
             "base_delay": self.options.transient_retry_base_delay,

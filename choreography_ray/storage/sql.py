@@ -109,6 +109,7 @@ class SqlStorage(ThreadedProvider):
             threads=threads,
             sleep=sleep,
             after_call=self._checkpoint_if_due if self.is_sqlite else None,
+            after_call_due=lambda: self._checkpoint_due,
         )
         self.schema: str | None = None
         self._initialized = False
