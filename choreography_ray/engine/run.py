@@ -14,20 +14,19 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError
-from ..jobs.registry import Payload, TypeKind, trusted
+from ..jobs.options import JobsOptions
+from ..jobs.registry import Payload, TypeKind, TypeRegistry, trusted
 from ..jobs.state import JobKey, JobStepProgress, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
+from .clock import Clock
 from .messages import StepReport, StepStart
-from .writer import StaleRecord, Tracked
-
-if TYPE_CHECKING:
-    from .worker import StepWorker
+from .writer import StaleRecord, StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -75,12 +74,43 @@ class RunKey(NamedTuple):
     step_id: str
 
 
+class RunHost(Protocol):
+    """What a run needs from the worker that hosts it.
+
+    A port, so that this module never imports the worker: the worker imports runs, not the
+    other way round.
+    """
+
+    options: JobsOptions
+    registry: TypeRegistry
+    clock: Clock
+    node_id: str
+    activation_id: str
+    sync_runner: SyncStepRunner
+    metrics: StepMetrics
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn` on the worker's loop, from its thread or a step's thread."""
+
+    def writer_for(self, key: JobKey) -> StepWriter:
+        """The group commit of the run's partition."""
+
+    def enqueue_report(self, key: RunKey, report: StepReport) -> None:
+        """Send a durable outcome to the job, batched with others."""
+
+    def slot_freed(self) -> None:
+        """The run's work is over: its throttle slot goes to the next queued run."""
+
+    def release(self, run: StepRun) -> None:
+        """The run has ended: forget it."""
+
+
 class StepRun(StepContext):
     """One run of one step, and the context its work sees."""
 
     def __init__(
         self,
-        worker: StepWorker,
+        worker: RunHost,
         key: RunKey,
         record: Tracked,
         step_class: type[JobStep[Any, Any, Any]],
@@ -354,7 +384,7 @@ class StepRun(StepContext):
         outcome is still being written (the throttle bounds performing, not persisting)."""
         if self.holds_slot:
             self.holds_slot = False
-            self.worker._slot_done()
+            self.worker.slot_freed()
 
     def _settle(
         self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None

@@ -254,7 +254,7 @@ class StepWorker:
         finally:
             self._runners -= 1
 
-    def _slot_done(self) -> None:
+    def slot_freed(self) -> None:
         self._performing -= 1
         if self._queue:
             self._pump()
