@@ -2,15 +2,16 @@
 
 A worker receives starts in batches, loads the steps' records in one read, and queues runs
 (`run.StepRun`). At most `max_parallel_steps` runs perform at once, each on a runner task of
-its own slot. Outcomes go through the group-committing `StepWriter`; only once an outcome is
-durable is it reported to the job, in batches per job.
+its own slot; slots are shared round-robin between the jobs that have queued runs
+(`run_queue.RunQueue`), so a small job is never starved by a large one. Outcomes go through the
+group-committing `StepWriter`; only once an outcome is durable is it reported to the job, in
+batches per job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from .run import (
     SyncStepRunner,
     payload_tuple,
 )
+from .run_queue import RunQueue
 from .writer import StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
@@ -73,7 +75,7 @@ class StepWorker:
         self.activation_id = activation_id
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queue: deque[StepRun] = deque()
+        self._queue = RunQueue()
         self._performing = 0
         self._runners = 0
         self._writers: dict[JobKey, StepWriter] = {}
@@ -160,15 +162,24 @@ class StepWorker:
             state.id: state
             for state in await storage.steps.get_many(job_id, [s.step_id for s in starts])
         }
-        results = []
-        for start in starts:
-            results.append(self._start_one(job_key, job_id, start, stored.get(start.step_id)))
+        queued: list[StepRun] = []
+        results = [
+            self._start_one(job_key, job_id, start, stored.get(start.step_id), queued)
+            for start in starts
+        ]
+        self._queue.extend((job_key, job_id), queued)
         self._pump()
         return results
 
     def _start_one(
-        self, job_key: JobKey, job_id: str, start: StepStart, state: JobStepState | None
+        self,
+        job_key: JobKey,
+        job_id: str,
+        start: StepStart,
+        state: JobStepState | None,
+        queued: list[StepRun],
     ) -> StartResult:
+        """Start one step of a batch; a run ready to perform is added to `queued`."""
         key = RunKey(job_key, job_id, start.step_id)
         if state is None or not state.is_prepared:
             return StartResult(
@@ -211,13 +222,13 @@ class StepWorker:
             self._spawn(self._after(previous, run))
         else:
             self._runs[key] = run
-            self._queue.append(run)
+            queued.append(run)
         return StartResult(start.step_id, StartOutcome.STARTED)
 
     async def _after(self, previous: asyncio.Future[None], run: StepRun) -> None:
         await asyncio.shield(previous)
         if self._runs.get(run.key) is run and not self.closed:
-            self._queue.append(run)
+            self._queue.extend((run.key.job_key, run.key.job_id), (run,))
             self._pump()
 
     def _pump(self) -> None:
@@ -236,9 +247,12 @@ class StepWorker:
     async def _runner(self) -> None:
         task = asyncio.current_task()
         assert task is not None
+        queue = self._queue
         try:
-            while self._queue and not self.closed and self._performing < self.max_parallel_steps:
-                run = self._queue.popleft()
+            while not self.closed and self._performing < self.max_parallel_steps:
+                run = queue.pop()
+                if run is None:
+                    break
                 run.holds_slot = True
                 self._performing += 1
                 self.peak_parallel = max(self.peak_parallel, self._performing)
@@ -275,6 +289,7 @@ class StepWorker:
         self._loop = asyncio.get_running_loop()
         result = StopResult()
         wanted = set(request.step_ids) if request.step_ids is not None else None
+        told = []
         for key, run in list(self._runs.items()):
             if key.job_key != request.job_key or key.job_id != request.job_id:
                 continue
@@ -284,10 +299,9 @@ class StepWorker:
                 continue  # a stop of an earlier execution never stops a resumed run
             run.cancel(request.removing)
             result.stopping.append(key.step_id)
-            if run in self._queue:
-                # Never started: it settles as stopped without taking a slot.
-                self._queue.remove(run)
-                self._spawn(run.execute())
+            told.append(run)
+        for run in self._queue.remove((request.job_key, request.job_id), told):
+            self._spawn(run.execute())  # never started: settles as stopped without a slot
         if wanted is not None:
             result.not_running = sorted(wanted - set(result.stopping))
         return result
