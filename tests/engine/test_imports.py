@@ -31,7 +31,7 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(module: str, path: list[str]) -> list[str] | None:
         if module in path:
-            return path[path.index(module) :] + [module]
+            return [*path[path.index(module) :], module]
         if module in done or module not in graph:
             return None
         for imported in sorted(graph[module]):
