@@ -271,7 +271,7 @@ class StepRun(StepContext):
             )
         finally:
             if written is None:
-                self._end()
+                self.end()
         if written is not None:
             written.add_done_callback(self._written)
 
@@ -295,9 +295,10 @@ class StepRun(StepContext):
                     report.status, time.perf_counter() - self._started
                 )
             self.worker.enqueue_report(self.key, report)
-        self._end()
+        self.end()
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """The run is over, written or not: forget it and wake whoever waits for its end."""
         self.closed = True
         if self._flush_timer is not None:
             self._flush_timer.cancel()

@@ -193,20 +193,9 @@ class StepWorker:
             if existing.generation >= start.generation and existing.attempt >= start.attempt:
                 return StartResult(start.step_id, StartOutcome.ALREADY_STARTED)
             existing.cancel(removing=False)  # an older run: it reports its stop, then ends
-        finished = _finished_report(state)
-        if finished is not None:
-            retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
-                start.attempt > state.attempt
-            )
-            if not retry:
-                return StartResult(start.step_id, StartOutcome.COMPLETED, report=finished)
-        if state.status == JobStepStatus.FAILED:
-            return StartResult(
-                start.step_id,
-                StartOutcome.FAILED,
-                StartJobStepError.UNRECOVERABLE_FAILED_STATE,
-                "the step failed unrecoverably",
-            )
+        settled = _settled(start, state)
+        if settled is not None:
+            return settled
         try:
             step_class = self.registry.resolve(state.type, TypeKind.STEP)
         except ChoreographyError as error:
@@ -226,10 +215,22 @@ class StepWorker:
         return StartResult(start.step_id, StartOutcome.STARTED)
 
     async def _after(self, previous: asyncio.Future[None], run: StepRun) -> None:
+        """Queue `run` once the older run of its step has ended and written its outcome; the
+        record read when `run` was started is older than that outcome, so it is read again."""
         await asyncio.shield(previous)
-        if self._runs.get(run.key) is run and not self.closed:
-            self._queue.extend((run.key.job_key, run.key.job_id), (run,))
-            self._pump()
+        if self._runs.get(run.key) is not run or self.closed:
+            return
+        key = run.key
+        stored = await self.storage_for(key.job_key).steps.get_many(key.job_id, [key.step_id])
+        if self._runs.get(key) is not run or self.closed:
+            return
+        if not stored or _settled(StepStart(key.step_id, run.generation, run.attempt), stored[0]):
+            # The older run finished the step after all (or it is gone): its report counts.
+            run.end()
+            return
+        run.record = Tracked(stored[0])
+        self._queue.extend((key.job_key, key.job_id), (run,))
+        self._pump()
 
     def _pump(self) -> None:
         """Add runners while runs wait and slots are free; each runner takes run after run
@@ -372,6 +373,25 @@ async def _call(fn: Callable[..., None], *args: Any) -> None:
 
 def _failed(step_id: str, reason: str) -> StartResult:
     return StartResult(step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, reason)
+
+
+def _settled(start: StepStart, state: JobStepState) -> StartResult | None:
+    """The answer to a start of a step whose record says it needs no run, else None."""
+    finished = _finished_report(state)
+    if finished is not None:
+        retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
+            start.attempt > state.attempt
+        )
+        if not retry:
+            return StartResult(start.step_id, StartOutcome.COMPLETED, report=finished)
+    if state.status == JobStepStatus.FAILED:
+        return StartResult(
+            start.step_id,
+            StartOutcome.FAILED,
+            StartJobStepError.UNRECOVERABLE_FAILED_STATE,
+            "the step failed unrecoverably",
+        )
+    return None
 
 
 def _finished_report(state: JobStepState) -> StepReport | None:

@@ -1,0 +1,123 @@
+"""What the worker promises about the runs of one step across executions of its job: one run
+per step at a time, a resumed run starts from what the run before it wrote, and a late stop of
+an earlier execution never stops a resumed run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from choreography_ray.engine.messages import StopRequest
+from choreography_ray.jobs import JobKey, JobStatus, JobStepStatus, ResumeJobSuccess
+from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
+
+from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
+
+
+class Lingering:
+    """What `LingeringStep` runs do and when: a run that is asked to stop goes on until
+    `finish` is set; a run that is not stopped completes once `go` is set."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.go = asyncio.Event()
+        self.finish = asyncio.Event()
+
+
+LINGERING = Lingering()
+
+
+@pytest.fixture
+def lingering() -> Iterator[Lingering]:
+    global LINGERING
+    LINGERING = Lingering()
+    yield LINGERING
+    LINGERING.finish.set()  # a test that failed half-way leaves no run that cannot end
+
+
+class LingeringStep(JobStep[KeyRequest, KeyState, KeyResult], name="tests.worker.lingering"):
+    async def perform(self, state: KeyState, ctx: StepContext) -> KeyResult:
+        script = LINGERING
+        script.events.append("perform")
+        try:
+            await script.go.wait()
+        except asyncio.CancelledError:
+            while not script.finish.is_set():  # slow to stop: every stop waits for `finish`
+                try:
+                    await script.finish.wait()
+                except asyncio.CancelledError:
+                    continue
+            script.events.append("stopped")
+            raise StepCancelled() from None
+        script.events.append("completed")
+        return KeyResult(key=state.key)
+
+    def initialize_state(self, request: KeyRequest) -> KeyState:
+        return KeyState(key=request.key)
+
+
+class LingeringJob(ScenarioJob, name="tests.worker.lingering-job"):
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [self.create_step(LingeringStep, KeyRequest(key=k), name=k) for k in request.keys]
+
+
+async def resumed_while_the_stopped_run_lingers(cluster: Any, lingering: Lingering) -> str:
+    """A job stopped and resumed while its step's first run is still stopping; that run then
+    stops, and the resumed run performs. Returns the job id."""
+    started = await cluster.start(LingeringJob, request("a"))
+    await cluster.settle()
+    job_id = started.job_id
+    await cluster.manager().stop(job_id)
+    await cluster.settle()
+    assert await cluster.manager().resume(job_id) == ResumeJobSuccess.SUCCESS
+    await cluster.settle()
+    assert lingering.events == ["perform"]  # the resumed run waits for the first to stop
+    lingering.finish.set()
+    await cluster.settle()
+    return job_id
+
+
+def test_a_new_start_waits_for_the_older_run_to_stop_and_starts_from_what_it_wrote(
+    run, cluster, script, lingering
+):
+    async def scenario():
+        job_id = await resumed_while_the_stopped_run_lingers(cluster, lingering)
+        events = list(lingering.events)
+        lingering.go.set()
+        state = await cluster.wait(job_id)
+        return events, state, await cluster.storage().steps.get_for_job(job_id)
+
+    events, state, [step] = run(scenario())
+    assert events == ["perform", "stopped", "perform"]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.execution_generation == 2
+    assert [change.status for change in step.status_changes] == [
+        JobStepStatus.RUNNING,
+        JobStepStatus.STOPPED,
+        JobStepStatus.RUNNING,
+        JobStepStatus.COMPLETED_SUCCESSFULLY,
+    ]
+    assert step.generation == 2
+
+
+def test_a_late_stop_of_an_earlier_execution_does_not_stop_the_resumed_run(
+    run, cluster, script, lingering
+):
+    async def scenario():
+        job_id = await resumed_while_the_stopped_run_lingers(cluster, lingering)
+        [step] = await cluster.storage().steps.get_for_job(job_id)
+        late = await cluster.worker.stop_steps(
+            StopRequest(JobKey(), job_id, generation=1, step_ids=(step.id,))
+        )
+        await cluster.settle()
+        lingering.go.set()
+        return step.id, late, await cluster.wait(job_id)
+
+    step_id, late, state = run(scenario())
+    assert late.stopping == []
+    assert late.not_running == [step_id]
+    assert lingering.events == ["perform", "stopped", "perform", "completed"]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
