@@ -11,6 +11,7 @@ batches per job.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,8 +93,18 @@ class StepWorker:
     def writer_for(self, key: JobKey) -> StepWriter:
         writer = self._writers.get(key)
         if writer is None:
-            writer = self._writers[key] = StepWriter(key, self.storage_for(key))
+            writer = self._writers[key] = StepWriter(
+                key, self.storage_for(key), on_stale=functools.partial(self._stale, key)
+            )
         return writer
+
+    def _stale(self, job_key: JobKey, record: Tracked) -> None:
+        """The record of a run changed in storage under it (another host runs the step now,
+        or the job removed it): the run's work is stopped rather than left to finish for
+        nothing. It reports nothing: its outcome's write fails as stale."""
+        run = self._runs.get(RunKey(job_key, record.state.job_id, record.state.id))
+        if run is not None and run.record is record:
+            run.cancel(removing=False)
 
     def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         """Run a context callback on the worker's loop, from its thread or a step's thread."""

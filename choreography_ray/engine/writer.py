@@ -53,6 +53,7 @@ class StepWriter:
         max_batch: int = 1000,
         on_stale: Callable[[Tracked], None] | None = None,
     ) -> None:
+        """`on_stale` is told of a record that changed in storage under its run, once."""
         self.key = key
         self.storage = storage
         self.max_batch = max_batch

@@ -12,6 +12,7 @@ import pytest
 
 from choreography_ray.engine.messages import StopRequest
 from choreography_ray.jobs import JobKey, JobStatus, JobStepStatus, ResumeJobSuccess
+from choreography_ray.jobs.state import StepLease
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 
 from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
@@ -121,3 +122,60 @@ def test_a_late_stop_of_an_earlier_execution_does_not_stop_the_resumed_run(
     assert late.not_running == [step_id]
     assert lingering.events == ["perform", "stopped", "perform", "completed"]
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+class CheckpointingStep(JobStep[KeyRequest, KeyState, KeyResult], name="tests.worker.checkpoints"):
+    """Checkpoints once `go` is set (written at once), then works until `finish` is set."""
+
+    checkpoint_after_every_batch = True
+
+    async def perform(self, state: KeyState, ctx: StepContext) -> KeyResult:
+        script = LINGERING
+        script.events.append("perform")
+        await script.go.wait()
+        state.progress += 1
+        ctx.checkpoint(state)
+        try:
+            await script.finish.wait()
+        except asyncio.CancelledError:
+            script.events.append("stopped" if ctx.cancelled else "cancelled")
+            raise
+        script.events.append("completed")
+        return KeyResult(key=state.key)
+
+    def initialize_state(self, request: KeyRequest) -> KeyState:
+        return KeyState(key=request.key)
+
+
+class CheckpointingJob(ScenarioJob, name="tests.worker.checkpointing-job"):
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [
+            self.create_step(CheckpointingStep, KeyRequest(key=k), name=k) for k in request.keys
+        ]
+
+
+def test_a_run_whose_record_changed_under_it_stops_its_work_and_reports_nothing(
+    run, cluster, script, lingering
+):
+    async def scenario():
+        started = await cluster.start(CheckpointingJob, request("a"))
+        await cluster.settle()
+        job_id = started.job_id
+        storage = cluster.storage()
+        [step] = await storage.steps.get_for_job(job_id)
+        elsewhere = StepLease(node="elsewhere", activation="other", heartbeat=cluster.clock.now())
+        await storage.steps.save(step.model_copy(update={"lease": elsewhere}))
+        [theirs] = await storage.steps.get_for_job(job_id)
+        lingering.go.set()  # the run's checkpoint finds the record changed
+        await cluster.settle()
+        runs = cluster.worker.runs_of(job_id)
+        [after] = await storage.steps.get_for_job(job_id)
+        return theirs, after, runs, await cluster.manager().get(job_id)
+
+    theirs, after, runs, state = run(scenario())
+    assert lingering.events == ["perform", "stopped"]
+    assert runs == []
+    assert after == theirs  # the other writer's record stands
+    assert after.lease is not None and after.lease.node == "elsewhere"
+    assert state.status == JobStatus.RUNNING  # nothing was reported for the job to count
+    assert state.progress.successful_steps == state.progress.stopped_steps == 0
