@@ -226,9 +226,12 @@ class StepRun(StepContext):
     def _set(self, **changes: Any) -> None:
         """Replace fields, never mutate them: a flush may be copying the record meanwhile.
 
-        Written straight into the record's fields: every value here is already valid, and
-        pydantic's attribute hook costs more than the rest of a no-op step."""
-        self.record.state.__dict__.update(changes)
+        Does what pydantic's assignment does for a field without validation (store the value,
+        mark the field set), for all changes at once: every value here is already valid, and
+        going through `setattr` costs about a tenth more CPU per no-op step (decisions.md)."""
+        state = self.record.state
+        state.__dict__.update(changes)
+        state.__pydantic_fields_set__.update(changes)
 
     def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
         change = trusted(

@@ -44,7 +44,9 @@ def trusted(cls: type[_M], **values: Any) -> _M:
     """An instance built from values that are already valid, every field given.
 
     What `model_construct` does, without its per-field search for aliases and defaults: the
-    engine builds several of these per step (status changes, payloads) on its hottest path.
+    engine builds several of these per step (status changes, payloads, prepared records) on its
+    hottest path, and `model_construct` there costs about a sixth more CPU per no-op step
+    (docs/decisions.md). The caller gives every field; all of them count as set.
     """
     instance = cls.__new__(cls)
     object.__setattr__(instance, "__dict__", values)

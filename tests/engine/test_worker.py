@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.engine.messages import StopRequest
+from choreography_ray.engine.messages import StepStart, StopRequest
+from choreography_ray.engine.run import RunKey, StepRun
+from choreography_ray.engine.writer import Tracked
 from choreography_ray.jobs import JobKey, JobStatus, JobStepStatus, ResumeJobSuccess
-from choreography_ray.jobs.state import StepLease
+from choreography_ray.jobs.state import JobStepState, StepLease
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 
 from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
@@ -179,3 +181,13 @@ def test_a_run_whose_record_changed_under_it_stops_its_work_and_reports_nothing(
     assert after.lease is not None and after.lease.node == "elsewhere"
     assert state.status == JobStatus.RUNNING  # nothing was reported for the job to count
     assert state.progress.successful_steps == state.progress.stopped_steps == 0
+
+
+def test_fields_a_run_sets_on_its_record_count_as_set_as_with_pydantic_assignment():
+    state = JobStepState(id="s", job_id="j", type="t")
+    record = Tracked(state)
+    run = StepRun(None, RunKey(JobKey(), "j", "s"), record, LingeringStep, StepStart("s", 1, 2))
+    run._set(attempt=2, lease=None)
+    assert {"attempt", "lease"} <= state.model_fields_set
+    assert state.model_dump(exclude_unset=True) == state.model_dump(include=state.model_fields_set)
+    assert state.model_dump(exclude_unset=True)["attempt"] == 2
