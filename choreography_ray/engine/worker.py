@@ -232,7 +232,12 @@ class StepWorker:
         if self._runs.get(run.key) is not run or self.closed:
             return
         key = run.key
-        stored = await self.storage_for(key.job_key).steps.get_many(key.job_id, [key.step_id])
+        try:
+            stored = await self.storage_for(key.job_key).steps.get_many(key.job_id, [key.step_id])
+        except Exception as error:
+            log.error("step %s of job %s was not started: %s", key.step_id, key.job_id, error)
+            run.end()
+            return
         if self._runs.get(key) is not run or self.closed:
             return
         if not stored or _settled(StepStart(key.step_id, run.generation, run.attempt), stored[0]):
