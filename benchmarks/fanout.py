@@ -3,10 +3,13 @@
     python benchmarks/fanout.py --sizes 1000,10000,100000 --runs 5 --tuned 256 \
         --plot benchmarks/fanout.png
     python benchmarks/fanout.py --soak 100        # host memory across 100 jobs of 1,000 steps
+    python benchmarks/fanout.py --fairness --fairness-steps 100000   # a small job beside a large
 
 For each N: a job of N no-op async steps on SQLite with default options and with a tuned
 `max_parallel_steps`, plain Ray tasks (`ray.get` over N no-op remote calls), and for N <= 200
 one detached Ray actor per step. Medians of `--runs` runs for N <= 10,000 (one run above).
+`--fairness` starts a job of 10 steps while a large job's steps are queued on the same worker
+host (default options) and reports how long the small job took and the large job's throughput.
 """
 
 from __future__ import annotations
@@ -195,6 +198,38 @@ def soak(args: argparse.Namespace, workdir: Path) -> None:
         )
 
 
+def fairness(args: argparse.Namespace, workdir: Path) -> None:
+    """A 10-step job started while a large job runs on the same worker host: how long does it
+    take, and how fast does the large job go meanwhile?"""
+    jobs, _ = _connect(workdir, "fairness", None)
+    warm = jobs.start(NoopFanOut, BenchRequest(steps=100))
+    jobs.wait(warm)
+    large_steps, small_steps = args.fairness_steps, 10
+    began = time.perf_counter()
+    large = jobs.start(NoopFanOut, BenchRequest(steps=large_steps))  # returns once dispatched
+    dispatched = time.perf_counter() - began
+    done_before = jobs.get(large).progress.successful_steps
+    small_began = time.perf_counter()
+    small = jobs.start(NoopFanOut, BenchRequest(steps=small_steps))
+    small_state = jobs.wait(small)
+    small_seconds = time.perf_counter() - small_began
+    done_after = jobs.get(large).progress.successful_steps
+    large_state = jobs.wait(large)
+    large_seconds = time.perf_counter() - began
+    for state in (small_state, large_state):
+        if state is None or state.status != cr.JobStatus.COMPLETED_SUCCESSFULLY:
+            raise RuntimeError(f"a job ended {state.status if state else 'cleared'}")
+    print(
+        f"large job: {large_steps:,} steps, dispatched after {dispatched:.1f} s, done in "
+        f"{large_seconds:.1f} s ({large_steps / large_seconds:,.0f} steps/s end to end)"
+    )
+    print(
+        f"small job: {small_steps} steps, started with {done_before:,} of the large job's steps "
+        f"done, completed in {small_seconds:.2f} s, while the large job did "
+        f"{done_after - done_before:,} steps"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
@@ -206,6 +241,10 @@ def main() -> None:
     parser.add_argument("--plot", default="")
     parser.add_argument("--soak", type=int, default=0, help="jobs to run for the memory soak")
     parser.add_argument("--soak-steps", type=int, default=1000)
+    parser.add_argument(
+        "--fairness", action="store_true", help="a 10-step job beside a large one, same worker"
+    )
+    parser.add_argument("--fairness-steps", type=int, default=100_000, help="the large job's")
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -217,12 +256,20 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            if args.soak:
+            if args.fairness:
+                fairness(args, Path(tmp))
+            elif args.soak:
                 soak(args, Path(tmp))
             else:
                 fanout(args, Path(tmp))
     finally:
-        for namespace in ("bench-default", "bench-tuned", "bench-wide", "bench-soak"):
+        for namespace in (
+            "bench-default",
+            "bench-tuned",
+            "bench-wide",
+            "bench-soak",
+            "bench-fairness",
+        ):
             stop_hosts(namespace)
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
