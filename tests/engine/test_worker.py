@@ -13,9 +13,18 @@ import pytest
 from choreography_ray.engine.messages import StepStart, StopRequest
 from choreography_ray.engine.run import RunKey, StepRun
 from choreography_ray.engine.writer import Tracked
-from choreography_ray.jobs import JobKey, JobStatus, JobStepStatus, ResumeJobSuccess
+from choreography_ray.jobs import (
+    JobKey,
+    JobsOptions,
+    JobStatus,
+    JobStepStatus,
+    ResumeJobSuccess,
+    StorageUnavailableError,
+)
 from choreography_ray.jobs.state import JobStepState, StepLease
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
+from choreography_ray.storage.protocols import JobsStorage
+from choreography_ray.testing import InProcessCluster
 
 from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
 
@@ -191,3 +200,53 @@ def test_fields_a_run_sets_on_its_record_count_as_set_as_with_pydantic_assignmen
     assert {"attempt", "lease"} <= state.model_fields_set
     assert state.model_dump(exclude_unset=True) == state.model_dump(include=state.model_fields_set)
     assert state.model_dump(exclude_unset=True)["attempt"] == 2
+
+
+class FailingReads:
+    """Step storage whose `get_many` fails while `failing` is set."""
+
+    def __init__(self, inner: Any, switch: dict[str, bool]) -> None:
+        self._inner = inner
+        self._switch = switch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def get_many(self, *args: Any) -> Any:
+        if self._switch["failing"]:
+            raise StorageUnavailableError("injected: reads fail")
+        return await self._inner.get_many(*args)
+
+
+def test_a_waiting_start_whose_record_cannot_be_read_again_ends_instead_of_lingering(
+    run, script, lingering
+):
+    switch = {"failing": False}
+
+    def wrap(storage: JobsStorage) -> JobsStorage:
+        return JobsStorage(
+            key=storage.key,
+            jobs=storage.jobs,
+            steps=FailingReads(storage.steps, switch),
+            plans=storage.plans,
+        )
+
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap)
+
+    async def scenario():
+        await cluster.provider.initialize()
+        started = await cluster.start(LingeringJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(started.job_id)
+        await cluster.settle()
+        assert await cluster.manager().resume(started.job_id) == ResumeJobSuccess.SUCCESS
+        await cluster.settle()
+        switch["failing"] = True
+        lingering.finish.set()  # the first run stops; the waiting start cannot read the record
+        await cluster.settle()
+        return cluster.worker.runs_of(started.job_id)
+
+    try:
+        assert run(scenario()) == []
+    finally:
+        run(cluster.close())
