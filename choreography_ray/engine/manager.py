@@ -33,7 +33,7 @@ from ..jobs.status import (
     RUNNING_JOB_STATUSES,
     STOP_STATUSES,
 )
-from ..storage.protocols import JobQuery
+from ..storage.protocols import JobQuery, StepCounts
 from .cleanup import Cleanup, CleanupReport
 from .context import EngineContext
 from .job import JobActivation, JobStartResult
@@ -233,6 +233,12 @@ class JobsManager:
         if state is None:
             raise JobNotFoundError(job_id)
         return state
+
+    async def step_counts(self, job_id: str) -> StepCounts:
+        """The job's step records per status, with those that cannot be read counted apart:
+        what step storage holds, whatever the job's own progress says."""
+        await self.get(job_id)
+        return await self.ctx.storage.steps.count_by_status(job_id)
 
     async def wait_finished(self, job_id: str, within: float) -> JobState | None:
         """The job's state once it is finished (None once it was cleared), or its state as it

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
-from ..jobs.errors import CannotResumeJobError, ResumeJobFailed, ResumeJobSuccess, StartJobError
+from ..jobs.errors import (
+    CannotResumeJobError,
+    ResumeJobFailed,
+    ResumeJobSuccess,
+    StartJobError,
+    UnreadableStepsError,
+)
 from ..jobs.state import PlannedStep
 from ..jobs.status import JobStatus
 from . import progress as counting
@@ -13,6 +20,8 @@ from .outcomes import Outcomes
 from .recount import Recount
 from .stages import Stages
 from .starting import Starting
+
+T = TypeVar("T")
 
 
 class Resuming:
@@ -80,7 +89,7 @@ class Resuming:
         if not plan:
             await self.outcomes.complete_safely()
             return ResumeJobSuccess.JOB_IS_COMPLETED
-        stored = await self.core.ctx.storage.steps.get_for_job(self.core.id)
+        stored = await self._all_steps(self.core.ctx.storage.steps.get_all_for_job(self.core.id))
         existing = {step.id for step in stored if step.is_prepared}
         result = await self.starting.prepare_and_run(plan, existing, clean_start=False)
         if not result.succeeded and result.error not in (
@@ -92,6 +101,17 @@ class Resuming:
                 code=CannotResumeJobError.UNKNOWN,
             )
         return ResumeJobSuccess.SUCCESS
+
+    @staticmethod
+    async def _all_steps(loading: Awaitable[T]) -> T:
+        """Every step record, or a refusal that leaves the job as it is in storage."""
+        try:
+            return await loading
+        except UnreadableStepsError as error:
+            raise ResumeJobFailed(
+                f"{error}; fix or remove those records, or remove the job",
+                code=CannotResumeJobError.UNREADABLE_STEPS,
+            ) from error
 
     async def _load_plan(self) -> list[PlannedStep] | None:
         state = self.record.state
@@ -115,7 +135,7 @@ class Resuming:
             state.stop_finalized,
             state.progress,
         )
-        await self.recount.load()
+        await self._all_steps(self.recount.load(strict=True))
         if from_stop:
             state.execution_generation += 1
             state.stop_finalized = False

@@ -53,7 +53,7 @@ class Starting:
             )
         registry = self.core.ctx.registry
         state.created = self.core.ctx.clock.now()
-        state.request = registry.dump(request)
+        state.request = registry.dump_request(request)
         state.execution_generation = 1
         try:
             state.details = self.core.job.details(request) or ""

@@ -87,7 +87,7 @@ class Stopping:
         if ledger.loaded and ledger.current is not None:
             return candidates
         # A fresh activation: recount from storage, as the stored progress may lag behind.
-        steps, pending = await self.recount.load()
+        steps, pending = await self.recount.load(strict=False)
         state = self.record.state
         state.stopped_steps_counted = []
         for step in steps:
