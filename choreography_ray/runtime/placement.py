@@ -1,53 +1,37 @@
-"""Which nodes run which host actors, and starting them.
+"""Starting the host actors where placement puts them, and stopping them.
 
-A node that declares the custom resource `choreography_controller` runs a controller host; one
-that declares `choreography_worker` runs a worker host. While no node of the cluster declares
-either, every node takes both roles (a laptop, a cluster started without roles).
+Which node takes which role is decided by `placement.roles` from the nodes' facts; this module
+reads those facts from Ray and creates the actors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..jobs.errors import ConfigurationError
-from .constants import CONTROLLER_RESOURCE, WORKER_RESOURCE, controller_name, worker_name
+from ..placement.roles import NodeFacts, NodeRoles, assign_roles, worker_share
+from .constants import controller_name, worker_name
 from .hosts import ControllerHost, WorkerHost
 
 log = logging.getLogger("choreography_ray.runtime")
 
 
-@dataclass(frozen=True)
-class NodeRoles:
-    node_id: str
-    controller: bool
-    worker: bool
-    max_parallel_steps: int | None = None
+def node_facts() -> list[NodeFacts]:
+    """Every node Ray knows, with whether it is alive and the resources it declares."""
+    return [
+        NodeFacts(node["NodeID"], bool(node.get("Alive")), dict(node.get("Resources", {})))
+        for node in ray.nodes()
+    ]
 
 
 def node_roles() -> list[NodeRoles]:
-    """The roles of every live node, from the custom resources the nodes declare."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    declared = any(
-        CONTROLLER_RESOURCE in n.get("Resources", {}) or WORKER_RESOURCE in n.get("Resources", {})
-        for n in nodes
-    )
-    roles = []
-    for node in nodes:
-        resources = node.get("Resources", {})
-        if declared:
-            controller = CONTROLLER_RESOURCE in resources
-            worker = WORKER_RESOURCE in resources
-        else:
-            controller = worker = True
-        if controller or worker:
-            roles.append(NodeRoles(node["NodeID"], controller, worker))
-    return roles
+    """The roles of every live node."""
+    return assign_roles(node_facts())
 
 
 def _pinned(node_id: str) -> dict[str, Any]:
@@ -70,8 +54,7 @@ def start_hosts(
     bookkeeping can use more than one core (each is bound to one by the GIL); the node's
     `max_parallel_steps` is shared among them.
     """
-    if workers_per_node < 1:
-        raise ConfigurationError(f"workers_per_node must be at least 1, got {workers_per_node}")
+    share = worker_share(max_parallel_steps, workers_per_node)
     hosts: dict[str, Any] = {}
     for roles in node_roles():
         if roles.controller:
@@ -82,9 +65,6 @@ def start_hosts(
                 .remote(namespace, roles.node_id)
             )
         if roles.worker:
-            share = None
-            if max_parallel_steps is not None:
-                share = max(1, -(-max_parallel_steps // workers_per_node))
             for index in range(workers_per_node):
                 name = worker_name(roles.node_id, index)
                 hosts[name] = (
