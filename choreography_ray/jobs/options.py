@@ -94,6 +94,8 @@ class JobsOptions(BaseModel):
     """Attempts of a storage operation that failed with a transient error."""
     transient_retry_base_delay: timedelta = timedelta(milliseconds=100)
     max_transient_retry_delay: timedelta = timedelta(seconds=5)
+    host_call_timeout: timedelta = timedelta(seconds=10)
+    """How long a host waits for another host's answer before treating it as gone."""
 
     @field_validator(
         "dead_job_threshold",
@@ -115,6 +117,14 @@ class JobsOptions(BaseModel):
         duration = parse_duration(value)
         if duration < timedelta(0):
             raise ValueError("must not be negative")
+        return duration
+
+    @field_validator("host_call_timeout", mode="before")
+    @classmethod
+    def _positive_duration(cls, value: Any) -> timedelta:
+        duration = parse_duration(value)
+        if duration <= timedelta(0):
+            raise ValueError("must be positive: a call between hosts cannot wait forever")
         return duration
 
     @field_validator("terminal_job_retention", mode="before")

@@ -19,6 +19,7 @@ from choreography_ray.jobs import InvalidOptionError, JobsOptions, parse_duratio
 #   count      a whole number, at least 1
 #   optional   a whole number, at least 1, or None
 #   size       a whole number of bytes, at least 0
+#   timeout    a positive timedelta (a wait that must end)
 SETTINGS: dict[str, tuple[str, Any]] = {
     "max_parallel_steps": ("optional", None),
     "dead_job_threshold": ("duration", timedelta(hours=1)),
@@ -44,6 +45,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "transient_retry_attempts": ("count", 5),
     "transient_retry_base_delay": ("duration", timedelta(milliseconds=100)),
     "max_transient_retry_delay": ("duration", timedelta(seconds=5)),
+    "host_call_timeout": ("timeout", timedelta(seconds=10)),
 }
 
 # A valid value of each kind other than any default, as text and as what it reads as.
@@ -53,6 +55,7 @@ VALID_TEXT = {
     "count": ("3", 3),
     "optional": ("3", 3),
     "size": ("2048", 2048),
+    "timeout": ("250ms", timedelta(milliseconds=250)),
 }
 VALID_TOML = {
     "duration": ('"90s"', timedelta(seconds=90)),
@@ -60,6 +63,7 @@ VALID_TOML = {
     "count": ("3", 3),
     "optional": ("3", 3),
     "size": ("0", 0),
+    "timeout": ('"90s"', timedelta(seconds=90)),
 }
 
 # Bad values of each kind: in code, as environment text and as TOML.
@@ -69,6 +73,7 @@ BAD_IN_CODE = {
     "count": [0, -1, "many", 1.5, [1], True],
     "optional": [0, -1, "many", 1.5, [1], True],
     "size": [-1, "big", 1.5, [1], True],
+    "timeout": [0, -1, "0s", "never", "soon", [10], True, float("inf"), None],
 }
 BAD_IN_ENV = {
     "duration": ["-5s", "soon", "10 weeks", "99999999999d"],
@@ -76,6 +81,7 @@ BAD_IN_ENV = {
     "count": ["0", "-1", "many", "1.5"],
     "optional": ["0", "many"],
     "size": ["-1", "big"],
+    "timeout": ["0", "0s", "-5s", "never", "soon"],
 }
 BAD_IN_TOML = {
     "duration": ["-1", '"-5s"', '"soon"', "[10]", "true", "inf"],
@@ -83,6 +89,7 @@ BAD_IN_TOML = {
     "count": ["0", "-1", '"many"', "1.5", "true"],
     "optional": ["0", '"many"', "true"],
     "size": ["-1", '"big"', "true"],
+    "timeout": ["0", '"0s"', '"never"', "true"],
 }
 
 
@@ -378,14 +385,14 @@ def test_a_bad_value_in_a_file_is_refused_naming_the_setting_and_the_file(
     assert str(path) in str(caught.value)
 
 
-@pytest.mark.parametrize("setting", settings_of("duration", "count", "size"))
+@pytest.mark.parametrize("setting", settings_of("duration", "count", "size", "timeout"))
 def test_a_required_setting_cannot_be_unset(setting: str) -> None:
     with pytest.raises(InvalidOptionError) as caught:
         JobsOptions(**{setting: None})
     assert caught.value.setting == setting
 
 
-@pytest.mark.parametrize("setting", settings_of("duration", "count", "size"))
+@pytest.mark.parametrize("setting", settings_of("duration", "count", "size", "timeout"))
 def test_an_empty_environment_value_of_a_required_setting_is_refused(setting: str) -> None:
     with pytest.raises(InvalidOptionError) as caught:
         JobsOptions.load(environ={env_name(setting): ""})
