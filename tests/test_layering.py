@@ -35,9 +35,6 @@ FORBIDDEN = {
         "pymongo",
         "psycopg",
     },
-    # The Ray side of recovery and placement stays in runtime/.
-    "recovery": {"ray", "choreography_ray.runtime"},
-    "placement": {"ray", "choreography_ray.runtime"},
     "storage": {
         "ray",
         "choreography_ray.engine",
@@ -45,6 +42,9 @@ FORBIDDEN = {
         "choreography_ray.recovery",
         "choreography_ray.placement",
     },
+    # Recovery and placement decide over small ports; the runtime wires Ray in behind them.
+    "recovery": {"ray", "choreography_ray.runtime", "sqlalchemy", "pymongo", "psycopg"},
+    "placement": {"ray", "choreography_ray.runtime", "sqlalchemy", "pymongo", "psycopg"},
 }
 
 

@@ -265,3 +265,64 @@ def test_several_worker_hosts_per_node_share_a_jobs_steps(ray_instance, tmp_path
     assert [s["max_parallel_steps"] for s in stats] == [2, 2]  # the node's cap, shared
     assert all(s["step_rows"] > 0 for s in stats)  # both ran steps
     assert sum(s["step_rows"] for s in stats) >= 200  # an outcome each, at least
+
+
+class _Probe:
+    """A stand-in host actor: answers pings with its epoch."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    async def ping(self) -> int:
+        return self.epoch
+
+
+def test_the_routing_table_finds_hosts_once_and_drops_a_dead_one(ray_instance):
+    import asyncio
+
+    import ray
+
+    from choreography_ray.engine.clock import SystemClock
+    from choreography_ray.runtime.constants import controller_name, worker_name
+    from choreography_ray.runtime.directory import RayDirectory
+    from choreography_ray.runtime.routes import Routes
+
+    namespace = f"routes-{uuid.uuid4().hex[:6]}"
+    names = [worker_name("n1"), worker_name("n2"), controller_name("n1")]
+    probes = [
+        ray.remote(_Probe).options(name=name, namespace=namespace, num_cpus=0).remote(epoch)
+        for epoch, name in enumerate(names)
+    ]
+    ray.get([probe.ping.remote() for probe in probes])
+
+    class Counted(RayDirectory):
+        readings = 0
+
+        def names(self) -> list[str]:
+            self.readings += 1
+            return super().names()
+
+    directory = Counted(namespace)
+
+    async def scenario() -> None:
+        routes = Routes(directory, timeout=30, clock=SystemClock())
+        await routes.start()
+        try:
+            assert routes.workers == names[:2] and routes.controllers == names[2:]
+            for _ in range(20):
+                assert await routes.call(names[0], "ping") == 0
+            assert directory.readings == 1
+            ray.kill(probes[1])
+            with pytest.raises(ray.exceptions.RayActorError):
+                await routes.call(names[1], "ping")
+            assert routes.workers == names[:1]
+            await routes.refresh()  # Ray no longer lists it either
+            assert routes.workers == names[:1] and directory.readings >= 2
+        finally:
+            routes.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for probe in probes:
+            ray.kill(probe)

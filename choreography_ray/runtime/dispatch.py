@@ -1,0 +1,120 @@
+"""Messages between hosts: a job's starts and stops to the worker hosts, step outcomes back
+to the controller host of their job. Every call goes through the routing table, so it is
+bounded in time and never looks a host up on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+from ..engine.messages import (
+    StartResult,
+    StepReport,
+    StepStart,
+    StopRequest,
+    StopResult,
+    pack_reports,
+    pack_starts,
+)
+from ..jobs.errors import NoEligibleJobWorker
+from ..jobs.state import JobKey
+from .routes import Routes
+
+log = logging.getLogger("choreography_ray.runtime")
+
+
+class RayDispatcher:
+    """Sends a job's starts to the worker hosts, in batches, and its stops to all of them."""
+
+    def __init__(self, routes: Routes, controller: str) -> None:
+        self.routes = routes
+        self.controller = controller
+        self._turn = 0
+
+    def live_workers(self) -> list[str]:
+        """The worker hosts starts go to now; `routes.on_gone` tells when one leaves."""
+        return self.routes.workers
+
+    async def _workers(self) -> list[str]:
+        if not self.routes.workers:
+            await self.routes.refresh()  # none known: look once more, off the loop
+        if not self.routes.workers:
+            raise NoEligibleJobWorker("no worker host is running in this cluster")
+        return self.routes.workers
+
+    async def start_steps(
+        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
+    ) -> list[StartResult]:
+        workers = self.routes.workers or await self._workers()
+        # Spread a batch over the worker hosts, one call per host.
+        shares: dict[str, list[StepStart]] = {}
+        for index, start in enumerate(starts):
+            name = workers[(self._turn + index) % len(workers)]
+            shares.setdefault(name, []).append(start)
+        self._turn += len(starts)
+        calls = [
+            self.routes.call(
+                name, "start_steps", self.controller, job_key, job_id, job_type, pack_starts(part)
+            )
+            for name, part in shares.items()
+        ]
+        results: list[StartResult] = []
+        for answer in await asyncio.gather(*calls):
+            results.extend(answer)
+        return results
+
+    async def stop_steps(self, request: StopRequest) -> StopResult:
+        calls = [self.routes.call(name, "stop_steps", request) for name in self.routes.workers]
+        merged = StopResult()
+        for answer in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(answer, BaseException):
+                log.warning("a worker host did not answer a stop: %s", answer)
+                continue
+            merged.stopping.extend(answer.stopping)
+        if request.step_ids is not None:
+            merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
+        return merged
+
+
+class _Recent(OrderedDict[tuple[JobKey, str], str]):
+    """The controller host of recently dispatched jobs; old entries fall off (they are hints:
+    any live controller host takes a job over)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key: tuple[JobKey, str], value: str) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+class RayReporter:
+    """Sends step outcomes to the controller host of their job."""
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self.controllers = _Recent()
+
+    async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
+        name = self.controllers.get((job_key, job_id))
+        packed = pack_reports(reports)
+
+        def candidates() -> Iterator[str]:
+            if name is not None:
+                yield name
+            # The others only once the known one failed (it has left the table by then).
+            yield from (n for n in list(self.routes.controllers) if n != name)
+
+        last: BaseException | None = None
+        for candidate in candidates():
+            try:
+                await self.routes.call(candidate, "deliver", job_key, job_id, packed)
+                return
+            except Exception as error:  # that host is gone: any live one takes the job over
+                last = error
+        raise ConnectionError(f"no controller host took the outcomes of job {job_id}: {last}")

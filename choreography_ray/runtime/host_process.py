@@ -1,0 +1,73 @@
+"""What a host process sets up for itself: logging, the cycle collector, its configuration."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from typing import Any
+
+from ..jobs.errors import ShuttingDownError
+from .config import read_config
+
+
+class JobIds(logging.Filter):
+    """Gives every record the job and step ids the format names ("-" when it has none)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.job_id = getattr(record, "job_id", "-")
+        record.step_id = getattr(record, "step_id", "-")
+        return True
+
+
+def configure_logging() -> None:
+    """Our own messages at INFO, with job and step ids as fields; other libraries at WARNING."""
+    handler = logging.StreamHandler()
+    handler.addFilter(JobIds())
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s job=%(job_id)s step=%(step_id)s %(message)s"
+        )
+    )
+    ours = logging.getLogger("choreography_ray")
+    if not any(isinstance(f, JobIds) for h in ours.handlers for f in h.filters):
+        ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
+
+
+_GC_THRESHOLDS = (50_000, 20, 20)
+"""Young-generation collections after 50,000 allocations, not Python's 700."""
+
+
+def tune_gc() -> None:
+    """Collect cycles less often than Python's defaults, and never scan start-up objects.
+
+    A host allocates several objects per step while holding thousands of live records; with
+    the default thresholds the collector ran so often that it took about a third of the
+    worker host's CPU in the fan-out benchmark (2.2 s against 1.4 s for 10,000 steps, same
+    run). The engine makes few reference cycles, so garbage still goes at once, by reference
+    counting; what the collector finds later costs memory only briefly.
+    """
+    gc.set_threshold(*_GC_THRESHOLDS)
+    gc.freeze()
+
+
+def cluster_config(namespace: str) -> Any:
+    config = read_config(namespace)
+    if config is None:
+        raise ShuttingDownError(
+            f"no choreography configuration in Ray namespace {namespace!r}; start hosts with "
+            "choreography_ray.connect(...) or `choreography up`"
+        )
+    return config
+
+
+def rss_kb() -> int:
+    """Resident memory now (not the peak), from /proc where there is one."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,180 @@
+"""A host's routing table: which controller and worker hosts exist, and their handles.
+
+Finding host actors asks Ray's control store, a blocking call; made on a host's event loop for
+every dispatch, stop and report, it stalled every job of the host meanwhile. The table is read
+off the loop — on start, every `ROUTES_REFRESH_SECONDS`, and when a call to a host fails or
+names a host the table does not know — and messages read it from memory. A host whose call
+failed (it died, or did not answer within `host_call_timeout`) leaves the table at once; one
+that timed out comes back only once it answers a ping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..engine.clock import Clock
+from ..recovery.liveness import HostGone, within
+from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, WORKER_PREFIX
+
+log = logging.getLogger("choreography_ray.runtime")
+
+
+class HostDirectory(Protocol):
+    """Blocking look-ups of one namespace's host actors (Ray's named actors); called off the
+    event loop only."""
+
+    def names(self) -> list[str]:
+        """The names of the host actors that exist now."""
+        ...
+
+    def handle(self, name: str) -> Any:
+        """The handle of a host actor; `LookupError` (or `ValueError`) when it is gone."""
+        ...
+
+    def gone(self, error: BaseException) -> bool:
+        """Whether a failed call says the host itself is gone (not that the call failed)."""
+        ...
+
+
+class Routes:
+    """The hosts this host talks to, kept fresh off the event loop."""
+
+    def __init__(
+        self,
+        directory: HostDirectory,
+        *,
+        timeout: float,
+        clock: Clock,
+        cadence: float = ROUTES_REFRESH_SECONDS,
+    ) -> None:
+        self.directory = directory
+        self.timeout = timeout
+        self.clock = clock
+        self.cadence = cadence
+        self.readings = 0
+        """Directory readings so far (each is one look-up of every host, off the loop)."""
+        self._handles: dict[str, Any] = {}
+        self._suspects: set[str] = set()
+        self._listeners: list[Callable[[str], None]] = []
+        self._refreshing: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self.workers: list[str] = []
+        """Live worker hosts, sorted; replaced (never changed in place) when the table changes."""
+        self.controllers: list[str] = []
+        """Live controller hosts, sorted."""
+
+    def on_gone(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(name)` whenever a host leaves the table (where re-dispatch hooks in)."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        """Read the table once, then keep it fresh at the cadence until `close`."""
+        if self._keeper is None:
+            await self.refresh()
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+
+    async def call(self, name: str, method: str, *args: Any) -> Any:
+        """Call `method` of host `name`, bounded by the timeout; a host that is gone leaves
+        the table (and the table is read again) before the error is raised."""
+        handle = self._handles.get(name)
+        if handle is None:
+            handle = await self._find(name)
+        try:
+            return await within(
+                getattr(handle, method).remote(*args), self.timeout, self.clock, name
+            )
+        except Exception as error:
+            if isinstance(error, HostGone) or self.directory.gone(error):
+                self.forget(name)
+            raise
+
+    def forget(self, name: str) -> None:
+        """Take a host out of the table until a reading finds it answering again."""
+        self._suspects.add(name)
+        if self._handles.pop(name, None) is not None:
+            self._changed([name])
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.get_running_loop().create_task(self._read())
+
+    async def refresh(self) -> None:
+        """Read the directory again, off the loop; concurrent callers share one reading."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._read())
+        await asyncio.shield(self._refreshing)
+
+    async def _find(self, name: str) -> Any:
+        """A host the table does not know: read again (a reading begun after this call, not
+        one already under way, which may predate the host), then it is there or gone."""
+        for _ in range(2):
+            under_way = self._refreshing is not None and not self._refreshing.done()
+            await self.refresh()
+            handle = self._handles.get(name)
+            if handle is not None:
+                return handle
+            if not under_way:
+                break
+        raise HostGone(name, "no such host is running")
+
+    async def _keep(self) -> None:
+        while True:
+            await self.clock.sleep(self.cadence)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("reading the host actors failed; keeping the table as it is")
+
+    async def _read(self) -> None:
+        self.readings += 1
+        known = set(self._handles)
+        found = await asyncio.to_thread(self._look_up, known)
+        answering = await asyncio.gather(
+            *(self._answers(name, found[name]) for name in found if name in self._suspects)
+        )
+        back = {name for name, answered in answering if answered}
+        handles: dict[str, Any] = {}
+        for name, handle in found.items():
+            kept = handle if handle is not None else self._handles.get(name)
+            if kept is not None and (name not in self._suspects or name in back):
+                handles[name] = kept
+        self._suspects &= set(found) - back
+        lost = sorted(set(self._handles) - set(handles))
+        self._handles = handles
+        self._changed(lost)
+
+    def _look_up(self, known: set[str]) -> dict[str, Any]:
+        """In a thread: every host's name, with a handle for the ones not known yet (None for
+        the known ones, whose handle stays)."""
+        found: dict[str, Any] = {}
+        for name in self.directory.names():
+            if name in known:
+                found[name] = None
+                continue
+            try:
+                found[name] = self.directory.handle(name)
+            except (LookupError, ValueError):
+                continue  # it went away between the two look-ups
+        return found
+
+    async def _answers(self, name: str, handle: Any) -> tuple[str, bool]:
+        handle = handle if handle is not None else self._handles.get(name)
+        try:
+            await within(handle.ping.remote(), self.timeout, self.clock, name)
+            return name, True
+        except Exception:
+            return name, False
+
+    def _changed(self, lost: list[str]) -> None:
+        names = sorted(self._handles)
+        self.workers = [n for n in names if n.startswith(WORKER_PREFIX)]
+        self.controllers = [n for n in names if n.startswith(CONTROLLER_PREFIX)]
+        for name in lost:
+            log.warning("host %s is gone", name)
+            for listener in self._listeners:
+                listener(name)

@@ -1,0 +1,86 @@
+"""In-process stand-ins for host actors and Ray's directory of them, for the routing tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from choreography_ray.engine.messages import StopResult
+from choreography_ray.recovery.liveness import HostGone
+
+
+class DeadHost(Exception):
+    """What a call to a host that died raises (Ray's `RayActorError` in the runtime)."""
+
+
+class HostStub:
+    """A host actor: `stub.method.remote(*args)` records the call and answers like Ray."""
+
+    def __init__(self, name: str, epoch: int = 1) -> None:
+        self.name = name
+        self.epoch = epoch
+        self.hung = False
+        self.dead = False
+        self.failing: Exception | None = None
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self, method)
+
+    async def answer(self, method: str, args: tuple[Any, ...]) -> Any:
+        if self.hung:
+            await asyncio.get_running_loop().create_future()  # never answers
+        if self.dead:
+            raise DeadHost(f"{self.name} died")
+        if self.failing is not None:
+            raise self.failing
+        self.calls.append((method, args))
+        return {"ping": self.epoch, "start_steps": [], "stop_steps": StopResult()}.get(method)
+
+
+class _Method:
+    def __init__(self, host: HostStub, method: str) -> None:
+        self.host = host
+        self.method = method
+
+    def remote(self, *args: Any) -> Any:
+        return self.host.answer(self.method, args)
+
+
+class DirectoryStub:
+    """Ray's named actors: counts every (blocking) look-up and the thread it ran on."""
+
+    def __init__(self, *hosts: HostStub) -> None:
+        self.hosts = {host.name: host for host in hosts}
+        self.name_lookups = 0
+        self.handle_lookups = 0
+        self.threads: set[int] = set()
+
+    def add(self, host: HostStub) -> HostStub:
+        self.hosts[host.name] = host
+        return host
+
+    def names(self) -> list[str]:
+        self.name_lookups += 1
+        self.threads.add(threading.get_ident())
+        return sorted(self.hosts)
+
+    def handle(self, name: str) -> Any:
+        self.handle_lookups += 1
+        self.threads.add(threading.get_ident())
+        return self.hosts[name]
+
+    def gone(self, error: BaseException) -> bool:
+        return isinstance(error, DeadHost | HostGone)
+
+
+async def until(condition: Any, turns: int = 2000) -> None:
+    """Wait, a loop turn at a time, for work in a thread (a directory look-up) to land."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the condition never held")

@@ -1,0 +1,206 @@
+"""The routing table of a host, in-process: messages never look hosts up, a host that fails or
+does not answer within the bound leaves the table, and the table is read off the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from choreography_ray.engine.clock import FakeClock, settle
+from choreography_ray.engine.messages import StepReport, StepStart, StopRequest
+from choreography_ray.jobs.errors import NoEligibleJobWorker
+from choreography_ray.jobs.state import JobKey
+from choreography_ray.jobs.status import JobStepStatus
+from choreography_ray.recovery.liveness import HostGone
+from choreography_ray.runtime.constants import controller_name, worker_name
+from choreography_ray.runtime.dispatch import RayDispatcher, RayReporter
+from choreography_ray.runtime.routes import Routes
+
+from .host_stubs import DeadHost, DirectoryStub, HostStub, until
+
+KEY = JobKey()
+TIMEOUT = 5.0
+CONTROLLER = controller_name("a")
+OTHER_CONTROLLER = controller_name("b")
+WORKERS = [worker_name("a"), worker_name("b")]
+
+
+def cluster() -> tuple[DirectoryStub, Routes, FakeClock, list[str]]:
+    directory = DirectoryStub(
+        HostStub(CONTROLLER), HostStub(OTHER_CONTROLLER), *(HostStub(n) for n in WORKERS)
+    )
+    clock = FakeClock()
+    routes = Routes(directory, timeout=TIMEOUT, clock=clock, cadence=60)
+    gone: list[str] = []
+    routes.on_gone(gone.append)
+    return directory, routes, clock, gone
+
+
+def starts(n: int) -> list[StepStart]:
+    return [StepStart(f"s{i}", 1) for i in range(n)]
+
+
+def report() -> list[StepReport]:
+    return [StepReport("s1", JobStepStatus.COMPLETED_SUCCESSFULLY, 1, 1)]
+
+
+def test_messages_read_the_table_and_never_look_hosts_up(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, _ = cluster()
+        await routes.start()
+        dispatcher = RayDispatcher(routes, CONTROLLER)
+        reporter = RayReporter(routes)
+        reporter.controllers[(KEY, "job")] = CONTROLLER
+        for _ in range(100):
+            await dispatcher.start_steps(KEY, "job", "type", starts(10))
+            await reporter.report(KEY, "job", report())
+        for _ in range(10):
+            await dispatcher.stop_steps(StopRequest(KEY, "job", 1, ("s1",), False))
+        assert directory.name_lookups == 1  # on start only
+        assert directory.handle_lookups == 4  # one per host, once
+        assert threading.get_ident() not in directory.threads  # off the event loop
+        sent = [m for m, _ in directory.hosts[WORKERS[0]].calls]
+        assert sent.count("start_steps") == 100 and sent.count("stop_steps") == 10
+        routes.close()
+
+    run(scenario())
+
+
+def test_a_host_that_never_answers_is_gone_after_the_bound(run) -> None:
+    async def scenario() -> None:
+        directory, routes, clock, gone = cluster()
+        await routes.start()
+        directory.hosts[WORKERS[1]].hung = True
+        call = asyncio_task(RayDispatcher(routes, CONTROLLER).start_steps(KEY, "j", "t", starts(2)))
+        await settle()
+        await clock.advance(TIMEOUT - 0.1)
+        assert not call.done()
+        await clock.advance(0.2)
+        with pytest.raises(HostGone, match="no answer within 5s"):
+            await call
+        assert gone == [WORKERS[1]]
+        assert routes.workers == [WORKERS[0]]
+        # The table is read again at once; the silent host must answer a ping to come back.
+        await until(lambda: directory.name_lookups == 2 and clock.sleepers >= 1)
+        await clock.advance(TIMEOUT)
+        assert routes.workers == [WORKERS[0]]
+        directory.hosts[WORKERS[1]].hung = False
+        await routes.refresh()
+        assert routes.workers == WORKERS
+        routes.close()
+
+    run(scenario())
+
+
+def test_the_owner_ping_is_bounded_too(run) -> None:
+    async def scenario() -> None:
+        directory, routes, clock, gone = cluster()
+        await routes.start()
+        directory.hosts[OTHER_CONTROLLER].hung = True
+        ping = asyncio_task(routes.call(OTHER_CONTROLLER, "ping"))
+        await settle()
+        await clock.advance(TIMEOUT)
+        with pytest.raises(HostGone):
+            await ping
+        assert gone == [OTHER_CONTROLLER] and routes.controllers == [CONTROLLER]
+        routes.close()
+
+    run(scenario())
+
+
+def test_outcomes_go_to_another_controller_when_theirs_died(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, gone = cluster()
+        await routes.start()
+        directory.hosts[CONTROLLER].dead = True
+        reporter = RayReporter(routes)
+        reporter.controllers[(KEY, "job")] = CONTROLLER
+        await reporter.report(KEY, "job", report())
+        assert [m for m, _ in directory.hosts[OTHER_CONTROLLER].calls] == ["deliver"]
+        assert gone == [CONTROLLER] and routes.controllers == [OTHER_CONTROLLER]
+        routes.close()
+
+    run(scenario())
+
+
+def test_an_error_of_the_call_itself_leaves_the_host_in_the_table(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, gone = cluster()
+        await routes.start()
+        directory.hosts[OTHER_CONTROLLER].failing = LookupError("no such job")
+        with pytest.raises(LookupError):
+            await routes.call(OTHER_CONTROLLER, "stop")
+        assert gone == [] and OTHER_CONTROLLER in routes.controllers
+        assert directory.name_lookups == 1
+        routes.close()
+
+    run(scenario())
+
+
+def test_a_host_the_table_does_not_know_is_looked_up_once(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, _ = cluster()
+        await routes.start()
+        late = directory.add(HostStub(controller_name("late"), epoch=7))
+        assert await routes.call(late.name, "ping") == 7
+        assert await routes.call(late.name, "ping") == 7
+        assert directory.name_lookups == 2
+        with pytest.raises(HostGone, match="no such host"):
+            await routes.call(controller_name("nowhere"), "ping")
+        routes.close()
+
+    run(scenario())
+
+
+def test_the_table_is_read_again_at_the_cadence(run) -> None:
+    async def scenario() -> None:
+        directory, routes, clock, gone = cluster()
+        await routes.start()
+        await settle()  # the keeper waits out the cadence from here
+        del directory.hosts[WORKERS[0]]
+        await clock.advance(59)
+        assert directory.name_lookups == 1
+        await clock.advance(1)
+        await until(lambda: directory.name_lookups == 2 and routes.workers == WORKERS[1:])
+        assert gone == [WORKERS[0]]
+        routes.close()
+        await settle()
+
+    run(scenario())
+
+
+def test_no_worker_host_is_refused_after_one_more_look(run) -> None:
+    async def scenario() -> None:
+        directory = DirectoryStub(HostStub(CONTROLLER))
+        routes = Routes(directory, timeout=TIMEOUT, clock=FakeClock())
+        await routes.start()
+        with pytest.raises(NoEligibleJobWorker):
+            await RayDispatcher(routes, CONTROLLER).start_steps(KEY, "j", "t", starts(1))
+        assert directory.name_lookups == 2
+        routes.close()
+
+    run(scenario())
+
+
+def test_a_dead_host_is_not_a_suspect_forever(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, _ = cluster()
+        await routes.start()
+        directory.hosts[WORKERS[0]].dead = True
+        with pytest.raises(DeadHost):
+            await routes.call(WORKERS[0], "stop_steps")
+        await routes.refresh()  # still listed but not answering: stays out
+        assert routes.workers == WORKERS[1:]
+        directory.hosts[WORKERS[0]] = HostStub(WORKERS[0], epoch=2)  # a replacement
+        await routes.refresh()
+        assert routes.workers == WORKERS
+        routes.close()
+
+    run(scenario())
+
+
+def asyncio_task(coroutine):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    return asyncio.get_running_loop().create_task(coroutine)
