@@ -58,6 +58,8 @@ class DirectoryStub:
         self.name_lookups = 0
         self.handle_lookups = 0
         self.threads: set[int] = set()
+        self.held: threading.Event | None = None
+        """When set, a reading takes its list and then waits for the event before answering."""
 
     def add(self, host: HostStub) -> HostStub:
         self.hosts[host.name] = host
@@ -66,7 +68,10 @@ class DirectoryStub:
     def names(self) -> list[str]:
         self.name_lookups += 1
         self.threads.add(threading.get_ident())
-        return sorted(self.hosts)
+        names = sorted(self.hosts)
+        if self.held is not None:
+            self.held.wait(timeout=30)
+        return names
 
     def handle(self, name: str) -> Any:
         self.handle_lookups += 1

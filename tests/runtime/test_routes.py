@@ -153,6 +153,27 @@ def test_a_host_the_table_does_not_know_is_looked_up_once(run) -> None:
     run(scenario())
 
 
+def test_a_host_is_looked_up_by_a_reading_that_began_after_it_was_asked_for(run) -> None:
+    """A reading under way may predate the host: an owner that wrote its record after that
+    reading began must not be taken for gone (its job would be taken over)."""
+
+    async def scenario() -> None:
+        directory, routes, _, _ = cluster()
+        await routes.start()
+        directory.held = threading.Event()
+        early = asyncio_task(routes.refresh())
+        await until(lambda: directory.name_lookups == 2)  # the early reading has its list
+        late = directory.add(HostStub(controller_name("late"), epoch=7))
+        asking = asyncio_task(routes.call(late.name, "ping"))
+        await settle()
+        directory.held.set()
+        await early
+        assert await asking == 7
+        routes.close()
+
+    run(scenario())
+
+
 def test_the_table_is_read_again_at_the_cadence(run) -> None:
     async def scenario() -> None:
         directory, routes, clock, gone = cluster()
