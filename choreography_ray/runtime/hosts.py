@@ -72,7 +72,7 @@ class _Host:
 
     async def _import_new_modules(self) -> tuple[Any, list[str]]:
         """Import the job modules added to the configuration; the configuration and failures."""
-        config = cluster_config(self.namespace)
+        config = await asyncio.to_thread(cluster_config, self.namespace)  # Ray's control store
         new = [m for m in config.modules if m not in self.modules]
         imported, failed = import_modules(new)
         self.modules += imported
@@ -230,7 +230,13 @@ class WorkerHost(_Host):
             clock=self.clock,
             reporter=self.reporter,
             max_parallel_steps=max_parallel_steps,
-            sync_runner=RaySyncStepRunner(node_id, namespace, self.name),
+            sync_runner=RaySyncStepRunner(
+                node_id,
+                namespace,
+                self.name,
+                modules=lambda: self.modules,
+                call_timeout=self.options.host_call_timeout.total_seconds(),
+            ),
             node_id=node_id,
             activation_id=str(self.epoch),
         )

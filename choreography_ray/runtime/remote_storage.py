@@ -10,9 +10,12 @@ from typing import Any, ClassVar
 
 import ray
 
+from ..engine.clock import Clock, SystemClock
+from ..jobs.errors import StorageUnavailableError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
+from ..recovery.liveness import HostGone, within
 from ..storage.memory import MemoryStorage
 from ..storage.protocols import JobsStorage, StorageCapabilities
 from ..storage.provider import StorageProvider, open_storage
@@ -41,14 +44,26 @@ class StorageActor:
 
 
 class _Forward:
-    def __init__(self, actor: Any, key: JobKey, part: str) -> None:
+    """One part of a partition (jobs, steps, plans) whose calls go to the storage actor, each
+    bounded by `host_call_timeout` like every call between the cluster's actors."""
+
+    def __init__(self, actor: Any, key: JobKey, part: str, timeout: float, clock: Clock) -> None:
         self._actor = actor
         self._key = key
         self._part = part
+        self._timeout = timeout
+        self._clock = clock
 
     def __getattr__(self, method: str) -> Any:
         async def call(*args: Any) -> Any:
-            return await self._actor.call.remote(self._key, self._part, method, args)
+            answer = self._actor.call.remote(self._key, self._part, method, args)
+            try:
+                return await within(answer, self._timeout, self._clock, STORAGE_ACTOR)
+            except HostGone:
+                raise StorageUnavailableError(
+                    f"the storage actor did not answer {self._part}.{method} "
+                    f"within {self._timeout:g}s"
+                ) from None
 
         return call
 
@@ -85,11 +100,12 @@ class RemoteMemoryStorage(StorageProvider):
         await self.actor.import_modules.remote(modules)
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
+        bound = (self.options.host_call_timeout.total_seconds(), SystemClock())
         return JobsStorage(
             key=key,
-            jobs=_Forward(self.actor, key, "jobs"),  # type: ignore[arg-type]
-            steps=_Forward(self.actor, key, "steps"),  # type: ignore[arg-type]
-            plans=_Forward(self.actor, key, "plans"),  # type: ignore[arg-type]
+            jobs=_Forward(self.actor, key, "jobs", *bound),  # type: ignore[arg-type]
+            steps=_Forward(self.actor, key, "steps", *bound),  # type: ignore[arg-type]
+            plans=_Forward(self.actor, key, "plans", *bound),  # type: ignore[arg-type]
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,8 +28,19 @@ _CANCEL_POLL_SECONDS = 0.5
 class TaskStepContext(StepContext):
     """The context of a synchronous step inside its Ray task."""
 
-    def __init__(self, host: Any, job_key: JobKey, job_id: str, step_id: str, attempt: int) -> None:
+    def __init__(
+        self,
+        host: Any,
+        job_key: JobKey,
+        job_id: str,
+        step_id: str,
+        attempt: int,
+        call_timeout: float,
+    ) -> None:
         self.host = host
+        self.call_timeout = call_timeout
+        """Bound of each call back to the host (`host_call_timeout`): one that is gone does
+        not hold the task forever."""
         self.job_key = job_key
         self.job_id = job_id
         self.step_id = step_id
@@ -38,7 +50,8 @@ class TaskStepContext(StepContext):
 
     def _call(self, kind: str, value: Any) -> bool:
         cancelled = ray.get(
-            self.host.step_callback.remote(self.job_key, self.job_id, self.step_id, kind, value)
+            self.host.step_callback.remote(self.job_key, self.job_id, self.step_id, kind, value),
+            timeout=self.call_timeout,
         )
         self._cancelled = self._cancelled or bool(cancelled)
         self._checked = time.monotonic()
@@ -73,13 +86,14 @@ def _perform(
     job_id: str,
     step_id: str,
     attempt: int,
+    call_timeout: float,
 ) -> Any:
     from .config import import_modules
 
     import_modules(modules)
     step_class = default_registry.resolve(step_type, TypeKind.STEP)
     host = ray.get_actor(host_name, namespace=namespace)
-    ctx = TaskStepContext(host, job_key, job_id, step_id, attempt)
+    ctx = TaskStepContext(host, job_key, job_id, step_id, attempt, call_timeout)
     return step_class().perform(state, ctx)
 
 
@@ -89,18 +103,26 @@ _perform_remote = ray.remote(_perform)
 class RaySyncStepRunner:
     """Runs `def perform` in a Ray task on this node, with the step's resources."""
 
-    def __init__(self, node_id: str, namespace: str, host_name: str) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        namespace: str,
+        host_name: str,
+        *,
+        modules: Callable[[], list[str]],
+        call_timeout: float,
+    ) -> None:
         self.node_id = node_id
         self.namespace = namespace
         self.host_name = host_name
+        self.modules = modules
+        """The job modules the host imported: the task imports them too (read from the host,
+        not from Ray's control store, which would block the host's loop for every step)."""
+        self.call_timeout = call_timeout
         self.in_flight = 0
 
     async def run(self, step: JobStep[Any, Any, Any], state: BaseModel, ctx: StepContext) -> Any:
         assert isinstance(ctx, StepRun)
-        from .config import read_config
-
-        config = read_config(self.namespace)
-        modules = config.modules if config else []
         resources = dict(type(step).resources)
         options: dict[str, Any] = {
             "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node_id, soft=False),
@@ -114,7 +136,7 @@ class RaySyncStepRunner:
         if resources:
             options["resources"] = resources
         ref = _perform_remote.options(**options).remote(
-            modules,
+            self.modules(),
             self.host_name,
             self.namespace,
             type(step).name,
@@ -123,6 +145,7 @@ class RaySyncStepRunner:
             ctx.job_id,
             ctx.step_id,
             ctx.attempt,
+            self.call_timeout,
         )
         ctx.cancel_work = lambda: ray.cancel(ref)
         self.in_flight += 1
