@@ -10,12 +10,12 @@ from typing import Any, ClassVar
 
 import ray
 
-from ..engine.clock import Clock, SystemClock
+from ..engine.clock import SystemClock
 from ..jobs.errors import StorageUnavailableError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
-from ..recovery.liveness import HostGone, within
+from ..recovery.liveness import Bound, HostGone
 from ..storage.memory import MemoryStorage
 from ..storage.protocols import JobsStorage, StorageCapabilities
 from ..storage.provider import StorageProvider, open_storage
@@ -47,22 +47,21 @@ class _Forward:
     """One part of a partition (jobs, steps, plans) whose calls go to the storage actor, each
     bounded by `host_call_timeout` like every call between the cluster's actors."""
 
-    def __init__(self, actor: Any, key: JobKey, part: str, timeout: float, clock: Clock) -> None:
+    def __init__(self, actor: Any, key: JobKey, part: str, bound: Bound) -> None:
         self._actor = actor
         self._key = key
         self._part = part
-        self._timeout = timeout
-        self._clock = clock
+        self._bound = bound
 
     def __getattr__(self, method: str) -> Any:
         async def call(*args: Any) -> Any:
             answer = self._actor.call.remote(self._key, self._part, method, args)
             try:
-                return await within(answer, self._timeout, self._clock, STORAGE_ACTOR)
+                return await self._bound(answer, STORAGE_ACTOR)
             except HostGone:
                 raise StorageUnavailableError(
                     f"the storage actor did not answer {self._part}.{method} "
-                    f"within {self._timeout:g}s"
+                    f"within {self._bound.seconds:g}s"
                 ) from None
 
         return call
@@ -95,17 +94,18 @@ class RemoteMemoryStorage(StorageProvider):
             )
             .remote(url.raw, modules)
         )
+        self.bound = Bound(self.options.host_call_timeout.total_seconds(), SystemClock())
 
     async def import_modules(self, modules: list[str]) -> None:
         await self.actor.import_modules.remote(modules)
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
-        bound = (self.options.host_call_timeout.total_seconds(), SystemClock())
+        bound = self.bound
         return JobsStorage(
             key=key,
-            jobs=_Forward(self.actor, key, "jobs", *bound),  # type: ignore[arg-type]
-            steps=_Forward(self.actor, key, "steps", *bound),  # type: ignore[arg-type]
-            plans=_Forward(self.actor, key, "plans", *bound),  # type: ignore[arg-type]
+            jobs=_Forward(self.actor, key, "jobs", bound),  # type: ignore[arg-type]
+            steps=_Forward(self.actor, key, "steps", bound),  # type: ignore[arg-type]
+            plans=_Forward(self.actor, key, "plans", bound),  # type: ignore[arg-type]
         )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..engine.clock import Clock
-from ..recovery.liveness import HostGone, within
+from ..recovery.liveness import Bound, HostGone
 from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, WORKER_PREFIX
 
 log = logging.getLogger("choreography_ray.runtime")
@@ -51,8 +51,8 @@ class Routes:
         cadence: float = ROUTES_REFRESH_SECONDS,
     ) -> None:
         self.directory = directory
-        self.timeout = timeout
         self.clock = clock
+        self.bound = Bound(timeout, clock)
         self.cadence = cadence
         self.readings = 0
         """Directory readings so far (each is one look-up of every host, off the loop)."""
@@ -87,9 +87,7 @@ class Routes:
         if handle is None:
             handle = await self._find(name)
         try:
-            return await within(
-                getattr(handle, method).remote(*args), self.timeout, self.clock, name
-            )
+            return await self.bound(getattr(handle, method).remote(*args), name)
         except Exception as error:
             if isinstance(error, HostGone) or self.directory.gone(error):
                 self.forget(name)
@@ -165,7 +163,7 @@ class Routes:
     async def _answers(self, name: str, handle: Any) -> tuple[str, bool]:
         handle = handle if handle is not None else self._handles.get(name)
         try:
-            await within(handle.ping.remote(), self.timeout, self.clock, name)
+            await self.bound(handle.ping.remote(), name)
             return name, True
         except Exception:
             return name, False

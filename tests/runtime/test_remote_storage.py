@@ -9,6 +9,7 @@ import pytest
 from choreography_ray.engine.clock import FakeClock, settle
 from choreography_ray.jobs.errors import StorageUnavailableError
 from choreography_ray.jobs.state import JobKey
+from choreography_ray.recovery.liveness import Bound
 from choreography_ray.runtime.remote_storage import _Forward
 
 from .host_stubs import HostStub
@@ -18,12 +19,12 @@ def test_a_storage_actor_that_never_answers_is_unavailable_after_the_bound(run) 
     async def scenario() -> None:
         clock = FakeClock()
         actor = HostStub("storage")
-        jobs = _Forward(actor, JobKey(), "jobs", 4.0, clock)
+        jobs = _Forward(actor, JobKey(), "jobs", Bound(4.0, clock))
         assert await jobs.count() is None  # answered: no bound reached
         actor.hung = True
         call = asyncio.get_running_loop().create_task(jobs.find("job"))
         await settle()
-        await clock.advance(3.9)
+        await clock.advance(3.9)  # the bound is checked a quarter of it apart: 1, 2, 3, 4 s
         assert not call.done()
         await clock.advance(0.1)
         with pytest.raises(StorageUnavailableError, match=r"jobs\.find within 4s"):
