@@ -30,9 +30,9 @@ class Bound:
     """Calls that must be answered within `seconds` on `clock`, else `HostGone`.
 
     One timer checks every call in flight, a quarter of the bound apart, rather than one timer
-    per call: dispatches and reports are hot paths, and a timer task of their own doubled what
-    a call cost on the caller's loop. A call that does not answer is given up between one and
-    one and a quarter bounds after it was made."""
+    per call: dispatches and reports are hot paths, and a timer task of their own made a call
+    cost about four times as much on the caller's loop. A call that does not answer is given
+    up between one and one and a quarter bounds after it was made."""
 
     def __init__(self, seconds: float, clock: Clock) -> None:
         self.seconds = seconds
