@@ -123,15 +123,16 @@ class Routes:
     async def _keep(self) -> None:
         while True:
             await self.clock.sleep(self.cadence)
-            try:
-                await self.refresh()
-            except Exception:
-                log.exception("reading the host actors failed; keeping the table as it is")
+            await self.refresh()
 
     async def _read(self) -> None:
         self.readings += 1
         known = set(self._handles)
-        found = await asyncio.to_thread(self._look_up, known)
+        try:
+            found = await asyncio.to_thread(self._look_up, known)
+        except Exception:
+            log.exception("reading the host actors failed; the table stays as it was")
+            return
         answering = await asyncio.gather(
             *(self._answers(name, found[name]) for name in found if name in self._suspects)
         )

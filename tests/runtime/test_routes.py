@@ -204,6 +204,22 @@ def test_no_worker_host_is_refused_after_one_more_look(run) -> None:
     run(scenario())
 
 
+def test_a_failed_reading_keeps_the_table_as_it_was(run) -> None:
+    async def scenario() -> None:
+        directory, routes, _, gone = cluster()
+        await routes.start()
+
+        def unreachable() -> list[str]:
+            raise ConnectionError("control store unreachable")
+
+        directory.names = unreachable  # type: ignore[method-assign]
+        await routes.refresh()
+        assert routes.workers == WORKERS and gone == []
+        routes.close()
+
+    run(scenario())
+
+
 def test_a_dead_host_is_not_a_suspect_forever(run) -> None:
     async def scenario() -> None:
         directory, routes, _, _ = cluster()
