@@ -114,6 +114,8 @@ class RayReporter:
         for candidate in candidates():
             try:
                 await self.routes.call(candidate, "deliver", job_key, job_id, packed)
+                if candidate != name:
+                    self.controllers[(job_key, job_id)] = candidate  # it took the job over
                 return
             except Exception as error:  # that host is gone: any live one takes the job over
                 last = error

@@ -109,7 +109,12 @@ class Routes:
 
     async def _find(self, name: str) -> Any:
         """A host the table does not know: read again (a reading begun after this call, not
-        one already under way, which may predate the host), then it is there or gone."""
+        one already under way, which may predate the host), then it is there or gone.
+
+        A host that failed and is still listed is gone until a reading finds it answering: it
+        costs no reading per message."""
+        if name in self._suspects:
+            raise HostGone(name, "it failed and has not answered since")
         for _ in range(2):
             under_way = self._refreshing is not None and not self._refreshing.done()
             await self.refresh()

@@ -24,6 +24,9 @@ class HostStub:
         self.dead = False
         self.failing: Exception | None = None
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        """Calls answered."""
+        self.asked = 0
+        """Calls made, answered or not."""
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
@@ -31,6 +34,7 @@ class HostStub:
         return _Method(self, method)
 
     async def answer(self, method: str, args: tuple[Any, ...]) -> Any:
+        self.asked += 1
         if self.hung:
             await asyncio.get_running_loop().create_future()  # never answers
         if self.dead:

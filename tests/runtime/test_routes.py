@@ -82,8 +82,9 @@ def test_a_host_that_never_answers_is_gone_after_the_bound(run) -> None:
         assert gone == [WORKERS[1]]
         assert routes.workers == [WORKERS[0]]
         # The table is read again at once; the silent host must answer a ping to come back.
-        await until(lambda: directory.name_lookups == 2 and clock.sleepers >= 1)
-        await clock.advance(TIMEOUT)
+        silent = directory.hosts[WORKERS[1]]
+        await until(lambda: silent.asked == 2)  # the start, then the reading's ping
+        await clock.advance(TIMEOUT * 1.25)  # its ping is given up within 1.25 bounds
         assert routes.workers == [WORKERS[0]]
         directory.hosts[WORKERS[1]].hung = False
         await routes.refresh()
@@ -104,6 +105,11 @@ def test_the_owner_ping_is_bounded_too(run) -> None:
         with pytest.raises(HostGone):
             await ping
         assert gone == [OTHER_CONTROLLER] and routes.controllers == [CONTROLLER]
+        await until(lambda: directory.name_lookups == 2)
+        for _ in range(10):  # still silent: gone at once, without a reading per call
+            with pytest.raises(HostGone, match="has not answered since"):
+                await routes.call(OTHER_CONTROLLER, "ping")
+        assert directory.name_lookups == 2
         routes.close()
 
     run(scenario())
@@ -119,6 +125,13 @@ def test_outcomes_go_to_another_controller_when_theirs_died(run) -> None:
         await reporter.report(KEY, "job", report())
         assert [m for m, _ in directory.hosts[OTHER_CONTROLLER].calls] == ["deliver"]
         assert gone == [CONTROLLER] and routes.controllers == [OTHER_CONTROLLER]
+        del directory.hosts[CONTROLLER]  # Ray no longer lists it
+        await routes.refresh()
+        readings = directory.name_lookups
+        for _ in range(10):  # later outcomes go straight to the controller that took over
+            await reporter.report(KEY, "job", report())
+        assert directory.name_lookups == readings
+        assert len(directory.hosts[OTHER_CONTROLLER].calls) == 11
         routes.close()
 
     run(scenario())
