@@ -54,8 +54,6 @@ class Routes:
         self.clock = clock
         self.bound = Bound(timeout, clock)
         self.cadence = cadence
-        self.readings = 0
-        """Directory readings so far (each is one look-up of every host, off the loop)."""
         self._handles: dict[str, Any] = {}
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
@@ -131,7 +129,6 @@ class Routes:
             await self.refresh()
 
     async def _read(self) -> None:
-        self.readings += 1
         known = set(self._handles)
         try:
             found = await asyncio.to_thread(self._look_up, known)
