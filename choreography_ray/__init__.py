@@ -4,7 +4,6 @@ A job plans its work as steps, saves the plan, and runs the steps on the cluster
 nodes; when a node, a process or the whole cluster dies, jobs pick up where they were.
 """
 
-from . import recovery as _recovery  # noqa: F401 - hands rehydration to jobs managers
 from .jobs import *  # noqa: F403
 from .jobs import __all__ as _jobs_all
 from .storage import JobQuery, StorageProvider, StorageURL, open_storage

@@ -110,6 +110,14 @@ def jobs_show(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"
     )
+    counts = guard(lambda: jobs.step_counts(job_id, **_key_args(scope, namespace)))
+    stored = ", ".join(f"{n} {status.name.lower()}" for status, n in sorted(counts.items()))
+    console.print(f"step records: {counts.total} stored" + (f" ({stored})" if stored else ""))
+    if counts.unreadable:
+        console.print(
+            f"[red]{counts.unreadable} step record(s) cannot be read[/red]: the job will not "
+            "resume until they are fixed, or it is removed (resume names them)"
+        )
     for stage in p.stages:
         console.print(
             f"  stage {stage.stage}: {'started' if stage.is_started else 'not started'}, "

@@ -14,7 +14,7 @@ import builtins
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -67,18 +67,14 @@ RecoveryFactory = Callable[["JobsManager"], Recovery]
 class JobsManager:
     """Starts, stops, resumes, removes and lists the jobs of one partition, and cleans up."""
 
-    default_recovery: ClassVar[RecoveryFactory | None] = None
-    """The recovery of managers built without one; `choreography_ray.recovery` sets it."""
-
-    def __init__(self, ctx: EngineContext, *, recovery: RecoveryFactory | None = None) -> None:
+    def __init__(self, ctx: EngineContext, *, recovery: RecoveryFactory) -> None:
+        """`recovery` is handed in (usually `recovery.Rehydration`): the engine never imports
+        recovery, whose policy sits above it."""
         self.ctx = ctx
         self._activations: dict[str, JobActivation] = {}
         self._activating: dict[str, asyncio.Future[JobActivation]] = {}
         self._closed = False
-        factory = recovery or JobsManager.default_recovery
-        if factory is None:
-            raise TypeError("JobsManager needs a recovery: import choreography_ray.recovery")
-        self._recovery = factory(self)
+        self._recovery = recovery(self)
         self._cleanup = Cleanup(ctx, self._activations.__contains__)
         self._changed = asyncio.Event()
         """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""

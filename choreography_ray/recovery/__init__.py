@@ -1,11 +1,9 @@
 """Recovery: rehydration of interrupted jobs, key providers, election, watchdog and leases.
 
-Importing it hands `Rehydration` to every jobs manager built without a recovery of its own.
+A jobs manager is handed its recovery (`JobsManager(ctx, recovery=Rehydration)`): the engine
+never imports this package.
 """
 
-from ..engine.manager import JobsManager
 from .rehydration import Rehydration, RehydrationReport
-
-JobsManager.default_recovery = Rehydration
 
 __all__ = ["Rehydration", "RehydrationReport"]

@@ -35,7 +35,7 @@ from ..jobs.errors import (
 from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
-from ..storage.protocols import JobQuery
+from ..storage.protocols import JobQuery, StepCounts
 from .arguments import check_job_id, check_query, job_key
 from .config import merge, read_config, write_config
 from .constants import NAMESPACE, controller_name
@@ -162,6 +162,14 @@ class Jobs:
     ) -> JobState:
         key = job_key(scope, namespace)
         return self._call("jobs.get", "get", key, check_job_id(job_id))
+
+    def step_counts(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> StepCounts:
+        """The job's step records per status as storage holds them, with the records that
+        cannot be read counted apart (`.unreadable`): a job with any is never resumed."""
+        key = job_key(scope, namespace)
+        return self._call("jobs.step_counts", "step_counts", key, check_job_id(job_id))
 
     def find(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
@@ -290,6 +298,9 @@ class AsyncJobs:
 
     async def get(self, job_id: str, **kwargs: Any) -> JobState:
         return await self._call(self._jobs.get, job_id, **kwargs)
+
+    async def step_counts(self, job_id: str, **kwargs: Any) -> StepCounts:
+        return await self._call(self._jobs.step_counts, job_id, **kwargs)
 
     async def list(self, query: JobQuery | None = None, **kwargs: Any) -> list[JobState]:
         return await self._call(self._jobs.list, query, **kwargs)

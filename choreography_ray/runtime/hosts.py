@@ -31,7 +31,8 @@ from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
 from ..recovery.liveness import owner_alive
-from ..storage.protocols import JobQuery
+from ..recovery.rehydration import Rehydration
+from ..storage.protocols import JobQuery, StepCounts
 from .config import import_modules
 from .constants import controller_name, worker_name
 from .directory import RayDirectory
@@ -137,7 +138,8 @@ class ControllerHost(_Host):
                     owner=self.me,
                     owner_alive=self._alive,
                     on_status=self.metrics.job_status,
-                )
+                ),
+                recovery=Rehydration,
             )
             self._keys.add(key)
         return manager
@@ -157,6 +159,10 @@ class ControllerHost(_Host):
     async def get(self, key: JobKey, job_id: str) -> JobState:
         await self.ready()
         return await self.manager(key).get(job_id)
+
+    async def step_counts(self, key: JobKey, job_id: str) -> StepCounts:
+        await self.ready()
+        return await self.manager(key).step_counts(job_id)
 
     async def wait(self, key: JobKey, job_id: str, within: float) -> JobState | None:
         """The job's state once it finishes, or as it stands after `within` seconds."""

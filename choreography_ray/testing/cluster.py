@@ -31,6 +31,7 @@ from ..jobs.job import Job
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey, JobState
+from ..recovery import Rehydration
 from ..storage.protocols import JobsStorage
 from ..storage.provider import StorageProvider, open_storage
 
@@ -89,7 +90,8 @@ class InProcessCluster:
                     options=self.options,
                     clock=self.clock,
                     dispatcher=self,
-                )
+                ),
+                recovery=Rehydration,
             )
         return manager
 

@@ -1039,14 +1039,6 @@ def test_a_manager_uses_the_recovery_it_is_handed(run, cluster):
     assert run(scenario()) == ["rehydrate", "close"]
 
 
-def test_a_manager_without_a_recovery_says_what_is_missing(cluster, monkeypatch):
-    from choreography_ray.engine.manager import JobsManager
-
-    monkeypatch.setattr(JobsManager, "default_recovery", None)
-    with pytest.raises(TypeError, match="needs a recovery"):
-        JobsManager(cluster.manager().ctx)
-
-
 # == rehydration ===============================================================================
 
 

@@ -7,6 +7,7 @@ import pytest
 from choreography_ray.engine.context import EngineContext
 from choreography_ray.engine.manager import JobsManager
 from choreography_ray.jobs import JobOwner, JobStatus, OwnedElsewhereError, default_registry
+from choreography_ray.recovery import Rehydration
 
 from .fixtures import ScenarioJob, request
 
@@ -26,7 +27,8 @@ def _host(cluster, name: str, alive: set[str]) -> JobsManager:
             dispatcher=cluster,
             owner=JobOwner(host=name, activation_epoch=1),
             owner_alive=owner_alive,
-        )
+        ),
+        recovery=Rehydration,
     )
 
 

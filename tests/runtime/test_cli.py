@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,14 +16,16 @@ from choreography_ray.jobs import JobStatus
 from .ray_jobs import FanOut, FanOutJob, gate
 
 runner = CliRunner()
+DATABASE: Path
 
 
 @pytest.fixture(scope="module")
 def jobs(ray_instance, tmp_path_factory):
     import choreography_ray as cr
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'jobs.db'}"
-    return cr.connect(url, modules=["tests.runtime.ray_jobs"])
+    global DATABASE
+    DATABASE = tmp_path_factory.mktemp("cli") / "jobs.db"
+    return cr.connect(f"sqlite:///{DATABASE}", modules=["tests.runtime.ray_jobs"])
 
 
 def invoke(*args: str):
@@ -55,6 +59,39 @@ def test_jobs_stop_resume_and_remove(jobs):
         assert invoke("jobs", "remove", job_id).exit_code == 1  # completed: refused
     finally:
         ray.kill(handle)
+
+
+def test_a_job_whose_step_records_cannot_be_read_is_shown_refused_and_removable(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=3, block=True))
+        jobs.stop(job_id)
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.STOPPED
+    finally:
+        ray.kill(handle)
+    with sqlite3.connect(DATABASE) as db:
+        db.execute(
+            "UPDATE choreography_job_steps SET state = '{not json' WHERE job_id = ?", (job_id,)
+        )
+
+    shown = invoke("jobs", "show", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "3 step record(s) cannot be read" in shown.output
+
+    resumed = invoke("jobs", "resume", job_id)
+    assert resumed.exit_code == 1
+    [line] = resumed.output.strip().splitlines()
+    assert "cannot be read" in line
+    assert jobs.get(job_id).status == JobStatus.STOPPED
+
+    assert invoke("jobs", "remove", job_id).exit_code == 0
+    with sqlite3.connect(DATABASE) as db:
+        left = db.execute(
+            "SELECT count(*) FROM choreography_job_steps WHERE job_id = ?", (job_id,)
+        ).fetchone()
+    assert left == (0,)
 
 
 def test_jobs_watch_follows_a_job_to_its_end(jobs):
