@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..jobs.state import JobState
-from ..jobs.status import PREPARING_JOB_STATUSES, TERMINAL_JOB_STATUSES
+from ..jobs.status import PREPARING_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from ..storage.protocols import JobQuery
 from .context import EngineContext
 
@@ -54,73 +55,75 @@ class Cleanup:
     async def dead_jobs(self, report: CleanupReport | None = None) -> list[str]:
         """Remove preparing jobs older than the threshold that stored no step and no plan."""
         report = report or CleanupReport()
-        options = self.ctx.options
-        before = self.ctx.clock.now() - options.dead_job_threshold
-        candidates = await self.ctx.storage.jobs.query(
-            JobQuery(
-                statuses=PREPARING_JOB_STATUSES,
-                created_before=before,
-                take=options.max_terminal_jobs_per_cleanup,
-            )
-        )
-        limit = asyncio.Semaphore(options.max_concurrent_cleanup)
+        storage = self.ctx.storage
 
         async def reap(job: JobState) -> None:
-            async with limit:
-                if job.plan is not None or job.has_stored_step_plan or self._is_active(job.id):
-                    return
-                try:
-                    if await self.ctx.storage.steps.count_for_job(job.id) != 0:
-                        return
-                    if await self.ctx.storage.jobs.remove(job.id):
-                        report.dead_jobs_removed.append(job.id)
-                except Exception as error:
-                    log.exception("could not clean up dead job %s", job.id)
-                    report.errors.append(f"{job.id}: {error}")
+            if job.plan is not None or job.has_stored_step_plan or self._is_active(job.id):
+                return
+            if await storage.steps.count_for_job(job.id) != 0:
+                return
+            if await storage.jobs.remove(job.id):
+                report.dead_jobs_removed.append(job.id)
 
-        await asyncio.gather(*(reap(job) for job in candidates))
+        before = self.ctx.clock.now() - self.ctx.options.dead_job_threshold
+        await self._each(PREPARING_JOB_STATUSES, before, reap, report, "clean up dead job")
         return report.dead_jobs_removed
 
     async def terminal_jobs(self, report: CleanupReport | None = None) -> list[str]:
         """Remove completed and failed jobs older than the retention, steps first."""
         report = report or CleanupReport()
-        options = self.ctx.options
-        if options.terminal_job_retention is None:
+        retention = self.ctx.options.terminal_job_retention
+        if retention is None:
             return []
-        before = self.ctx.clock.now() - options.terminal_job_retention
-        expired = await self.ctx.storage.jobs.query(
+        storage = self.ctx.storage
+
+        async def expire(job: JobState) -> None:
+            await storage.steps.remove_all_for_job(job.id)
+            if not await storage.jobs.remove_terminal(job.id):
+                log.info("job %s was not removed: it is no longer terminal", job.id)
+                return
+            if job.stored_step_plan_incarnation is not None and storage.plans:
+                await storage.plans.delete_plan(job.id, job.stored_step_plan_incarnation)
+            report.terminal_jobs_removed.append(job.id)
+
+        before = self.ctx.clock.now() - retention
+        await self._each(TERMINAL_JOB_STATUSES, before, expire, report, "remove expired job")
+        return report.terminal_jobs_removed
+
+    async def _each(
+        self,
+        statuses: frozenset[JobStatus],
+        before: datetime,
+        action: Callable[[JobState], Awaitable[None]],
+        report: CleanupReport,
+        what: str,
+    ) -> None:
+        """`action` on each job in `statuses` created before `before`: at most
+        `max_terminal_jobs_per_cleanup` jobs, `max_concurrent_cleanup` at once, a failure on
+        one job logged and reported without stopping the others."""
+        options = self.ctx.options
+        jobs = await self.ctx.storage.jobs.query(
             JobQuery(
-                statuses=TERMINAL_JOB_STATUSES,
-                created_before=before,
-                take=options.max_terminal_jobs_per_cleanup,
+                statuses=statuses, created_before=before, take=options.max_terminal_jobs_per_cleanup
             )
         )
         limit = asyncio.Semaphore(options.max_concurrent_cleanup)
 
-        async def expire(job: JobState) -> None:
+        async def one(job: JobState) -> None:
             async with limit:
                 try:
-                    await self.ctx.storage.steps.remove_all_for_job(job.id)
-                    if not await self.ctx.storage.jobs.remove_terminal(job.id):
-                        log.info("job %s was not removed: it is no longer terminal", job.id)
-                        return
-                    if job.stored_step_plan_incarnation is not None and self.ctx.storage.plans:
-                        await self.ctx.storage.plans.delete_plan(
-                            job.id, job.stored_step_plan_incarnation
-                        )
-                    report.terminal_jobs_removed.append(job.id)
+                    await action(job)
                 except Exception as error:
-                    log.exception("could not remove expired job %s", job.id)
+                    log.exception("could not %s %s", what, job.id)
                     report.errors.append(f"{job.id}: {error}")
 
-        await asyncio.gather(*(expire(job) for job in expired))
-        return report.terminal_jobs_removed
+        await asyncio.gather(*(one(job) for job in jobs))
 
     def schedule(self) -> None:
         """Clean up every `cleanup_cadence` until the manager closes (once per manager).
 
         Each round is bounded (`max_terminal_jobs_per_cleanup`, `max_concurrent_cleanup`) and
-        isolated (`cleanup` catches each part's failure): a failing round is logged and the
+        isolated (`run` catches each part's failure): a failing round is logged and the
         next one runs on time. `close` cancels it.
         """
         if self._task is None:

@@ -1,4 +1,4 @@
-"""Recount a job from its step records: the one place an activation reads its steps back.
+"""Recount a job from its step records: the one place an activation counts its steps again.
 
 A new activation (after a crash, a lost write or a stop) trusts step storage over the stored
 progress: it reads every step record, indexes them in the ledger and counts their outcomes

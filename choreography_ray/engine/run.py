@@ -25,6 +25,7 @@ from ..jobs.state import JobKey, JobStepProgress, StatusChange, StepError, StepL
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
 from .clock import Clock
+from .context import error_messages
 from .messages import StepReport, StepStart
 from .writer import StaleRecord, StepWriter, Tracked
 
@@ -356,7 +357,7 @@ class StepRun(StepContext):
             if self.cancelled and isinstance(failure, CallbackRejected):
                 return self._settle_stopped(step)
             error = StepError(
-                messages=[f"{type(failure).__name__}: {failure}"],
+                messages=error_messages(failure),
                 stack_trace=traceback.format_exc(),
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
