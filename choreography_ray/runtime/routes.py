@@ -5,7 +5,9 @@ every dispatch, stop and report, it stalled every job of the host meanwhile. The
 off the loop — on start, every `ROUTES_REFRESH_SECONDS`, and when a call to a host fails or
 names a host the table does not know — and messages read it from memory. A host whose call
 failed (it died, or did not answer within `host_call_timeout`) leaves the table at once; one
-that timed out comes back only once it answers a ping.
+that timed out comes back only once it answers a ping. The pings run apart from the reading:
+a suspect that hangs while still listed must not hold up every `refresh` (and every message
+that waits for one) for a whole bound.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Routes:
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
         self._refreshing: asyncio.Task[None] | None = None
+        self._pinging: set[str] = set()
+        self._pings: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self.workers: list[str] = []
         """Live worker hosts, sorted; replaced (never changed in place) when the table changes."""
@@ -77,6 +81,8 @@ class Routes:
     def close(self) -> None:
         if self._keeper is not None:
             self._keeper.cancel()
+        for ping in self._pings:
+            ping.cancel()
 
     async def call(self, name: str, method: str, *args: Any) -> Any:
         """Call `method` of host `name`, bounded by the timeout; a host that is gone leaves
@@ -109,7 +115,7 @@ class Routes:
         """A host the table does not know: read again (a reading begun after this call, not
         one already under way, which may predate the host), then it is there or gone.
 
-        A host that failed and is still listed is gone until a reading finds it answering: it
+        A host that failed and is still listed is gone until it answers a ping: it
         costs no reading per message."""
         if name in self._suspects:
             raise HostGone(name, "it failed and has not answered since")
@@ -135,19 +141,39 @@ class Routes:
         except Exception:
             log.exception("reading the host actors failed; the table stays as it was")
             return
-        answering = await asyncio.gather(
-            *(self._answers(name, found[name]) for name in found if name in self._suspects)
-        )
-        back = {name for name, answered in answering if answered}
         handles: dict[str, Any] = {}
         for name, handle in found.items():
             kept = handle if handle is not None else self._handles.get(name)
-            if kept is not None and (name not in self._suspects or name in back):
+            if kept is not None and name not in self._suspects:
                 handles[name] = kept
-        self._suspects &= set(found) - back
+        self._suspects &= set(found)
         lost = sorted(set(self._handles) - set(handles))
         self._handles = handles
         self._changed(lost)
+        self._ping({name: found[name] for name in self._suspects if found[name] is not None})
+
+    def _ping(self, suspects: dict[str, Any]) -> None:
+        """Ping the listed suspects not already being pinged, in a task of their own."""
+        fresh = {name: handle for name, handle in suspects.items() if name not in self._pinging}
+        if fresh:
+            self._pinging |= set(fresh)
+            ping = asyncio.get_running_loop().create_task(self._readmit(fresh))
+            self._pings.add(ping)
+            ping.add_done_callback(self._pings.discard)
+
+    async def _readmit(self, suspects: dict[str, Any]) -> None:
+        """Take back the suspects that answer, unless a reading since found them gone."""
+        try:
+            answering = await asyncio.gather(
+                *(self._answers(name, handle) for name, handle in suspects.items())
+            )
+        finally:
+            self._pinging -= set(suspects)
+        back = {name for name, answered in answering if answered and name in self._suspects}
+        if back:
+            self._suspects -= back
+            self._handles = {**self._handles, **{name: suspects[name] for name in back}}
+            self._changed([])
 
     def _look_up(self, known: set[str]) -> dict[str, Any]:
         """In a thread: every host's name, with a handle for the ones not known yet (None for
@@ -164,7 +190,6 @@ class Routes:
         return found
 
     async def _answers(self, name: str, handle: Any) -> tuple[str, bool]:
-        handle = handle if handle is not None else self._handles.get(name)
         try:
             await self.bound(handle.ping.remote(), name)
             return name, True

@@ -88,6 +88,7 @@ def test_a_host_that_never_answers_is_gone_after_the_bound(run) -> None:
         assert routes.workers == [WORKERS[0]]
         directory.hosts[WORKERS[1]].hung = False
         await routes.refresh()
+        await settle()  # the ping that takes it back runs apart from the reading
         assert routes.workers == WORKERS
         routes.close()
 
@@ -244,7 +245,33 @@ def test_a_dead_host_is_not_a_suspect_forever(run) -> None:
         assert routes.workers == WORKERS[1:]
         directory.hosts[WORKERS[0]] = HostStub(WORKERS[0], epoch=2)  # a replacement
         await routes.refresh()
+        await settle()
         assert routes.workers == WORKERS
+        routes.close()
+
+    run(scenario())
+
+
+def test_a_hung_suspect_does_not_hold_up_a_reading(run) -> None:
+    async def scenario() -> None:
+        directory, routes, clock, gone = cluster()
+        await routes.start()
+        silent = directory.hosts[WORKERS[1]]
+        silent.hung = True
+        routes.forget(WORKERS[1])  # a call to it timed out; it stays listed, and hangs
+        await until(lambda: silent.asked == 1)  # the reading forget began pings it
+        directory.add(HostStub(worker_name("c")))
+        # Every reading returns at once, without waiting for the suspect's ping to give up.
+        for _ in range(3):
+            reading = asyncio_task(routes.refresh())
+            await until(reading.done)  # the fake clock never moves: no bound runs out
+        assert routes.workers == [WORKERS[0], worker_name("c")] and gone == [WORKERS[1]]
+        assert silent.asked == 1  # one ping in flight at a time, not one per reading
+        silent.hung = False
+        await clock.advance(TIMEOUT * 1.25)  # that ping is given up
+        await routes.refresh()
+        await settle()
+        assert routes.workers == [*WORKERS, worker_name("c")]
         routes.close()
 
     run(scenario())
