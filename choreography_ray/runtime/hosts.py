@@ -12,6 +12,8 @@ import asyncio
 import time
 from typing import Any
 
+import ray
+
 from ..engine.clock import SystemClock
 from ..engine.context import EngineContext
 from ..engine.job import JobStartResult
@@ -68,6 +70,20 @@ class _Host:
             config.storage, namespace=namespace, modules=config.modules, options=self.options
         )
 
+        self._ready: asyncio.Task[None] | None = None
+
+    async def ready(self) -> int:
+        """Wait until the host has started (storage open, routing table read, and for a
+        controller host known partitions rehydrated); the host's epoch."""
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_task(self._start())
+        await asyncio.shield(self._ready)
+        return self.epoch
+
+    async def _start(self) -> None:
+        await self.provider.initialize()
+        await self.routes.start()
+
     async def ping(self) -> int:
         return self.epoch
 
@@ -92,19 +108,10 @@ class ControllerHost(_Host):
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
         self._keys: set[JobKey] = set()
-        self._ready: asyncio.Task[None] | None = None
 
     async def _start(self) -> None:
-        await self.provider.initialize()
-        await self.routes.start()
+        await super()._start()
         await self.refresh()
-
-    async def ready(self) -> int:
-        """Wait until storage is open and known partitions were rehydrated; the host's epoch."""
-        if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_task(self._start())
-        await asyncio.shield(self._ready)
-        return self.epoch
 
     async def refresh(self) -> list[str]:
         """Read the configuration again: import new job modules, recover new partitions.
@@ -238,8 +245,7 @@ class WorkerHost(_Host):
             max_parallel_steps=max_parallel_steps,
             sync_runner=RaySyncStepRunner(
                 node_id,
-                namespace,
-                self.name,
+                ray.get_runtime_context().current_actor,
                 modules=lambda: self.modules,
                 call_timeout=self.options.host_call_timeout.total_seconds(),
             ),
@@ -247,18 +253,7 @@ class WorkerHost(_Host):
             activation_id=str(self.epoch),
         )
         self.worker.metrics = self.metrics
-        self._ready: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
-
-    async def ready(self) -> int:
-        if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_task(self._start())
-        await asyncio.shield(self._ready)
-        return self.epoch
-
-    async def _start(self) -> None:
-        await self.provider.initialize()
-        await self.routes.start()
 
     async def refresh(self) -> list[str]:
         """Import job modules added to the configuration; the ones that failed, with reasons."""

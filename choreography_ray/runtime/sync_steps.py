@@ -78,8 +78,7 @@ class TaskStepContext(StepContext):
 
 def _perform(
     modules: list[str],
-    host_name: str,
-    namespace: str,
+    host: Any,
     step_type: str,
     state: BaseModel,
     job_key: JobKey,
@@ -92,7 +91,6 @@ def _perform(
 
     import_modules(modules)
     step_class = default_registry.resolve(step_type, TypeKind.STEP)
-    host = ray.get_actor(host_name, namespace=namespace)
     ctx = TaskStepContext(host, job_key, job_id, step_id, attempt, call_timeout)
     return step_class().perform(state, ctx)
 
@@ -106,15 +104,15 @@ class RaySyncStepRunner:
     def __init__(
         self,
         node_id: str,
-        namespace: str,
-        host_name: str,
+        host: Any,
         *,
         modules: Callable[[], list[str]],
         call_timeout: float,
     ) -> None:
         self.node_id = node_id
-        self.namespace = namespace
-        self.host_name = host_name
+        self.host = host
+        """The worker host's own actor handle, passed to each task: looking the host up by
+        name would cost every step a blocking call to Ray's control store."""
         self.modules = modules
         """The job modules the host imported: the task imports them too (read from the host,
         not from Ray's control store, which would block the host's loop for every step)."""
@@ -137,8 +135,7 @@ class RaySyncStepRunner:
             options["resources"] = resources
         ref = _perform_remote.options(**options).remote(
             self.modules(),
-            self.host_name,
-            self.namespace,
+            self.host,
             type(step).name,
             state,
             ctx.key.job_key,
