@@ -22,6 +22,9 @@ from ..storage.provider import StorageProvider, open_storage
 from ..storage.url import StorageURL
 from .constants import STORAGE_ACTOR
 
+_IMPORT_BOUNDS = 6
+"""How many `host_call_timeout`s the storage actor may take to import job modules."""
+
 
 class StorageActor:
     """Holds a `memory://` store for the whole cluster."""
@@ -54,6 +57,10 @@ class _Forward:
         self._bound = bound
 
     def __getattr__(self, method: str) -> Any:
+        """The forwarding call for `method`, made once and kept (storage calls are hot)."""
+        if method.startswith("_"):
+            raise AttributeError(method)
+
         async def call(*args: Any) -> Any:
             answer = self._actor.call.remote(self._key, self._part, method, args)
             try:
@@ -64,6 +71,7 @@ class _Forward:
                     f"within {self._bound.seconds:g}s"
                 ) from None
 
+        setattr(self, method, call)
         return call
 
 
@@ -95,9 +103,18 @@ class RemoteMemoryStorage(StorageProvider):
             .remote(url.raw, modules)
         )
         self.bound = Bound(self.options.host_call_timeout.total_seconds(), SystemClock())
+        self.import_bound = Bound(_IMPORT_BOUNDS * self.bound.seconds, self.bound.clock)
 
     async def import_modules(self, modules: list[str]) -> None:
-        await self.actor.import_modules.remote(modules)
+        # Bounded like every call to the actor, but generously: importing job modules may
+        # load heavy libraries, and a slow import is not a storage actor that is gone.
+        try:
+            await self.import_bound(self.actor.import_modules.remote(modules), STORAGE_ACTOR)
+        except HostGone:
+            raise StorageUnavailableError(
+                "the storage actor did not import job modules "
+                f"within {self.import_bound.seconds:g}s"
+            ) from None
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         bound = self.bound
