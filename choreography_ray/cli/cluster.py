@@ -80,17 +80,11 @@ def up(
     """Start the host actors on a running Ray cluster, with its storage and options."""
 
     def start() -> list[str]:
-        import ray
-
-        from ..runtime.constants import NAMESPACE
+        from ..runtime.constants import ACTOR_PREFIX, NAMESPACE
+        from ..runtime.directory import actor_names
 
         connect(storage, address, config, modules=module or [], workers_per_node=workers_per_node)
-        names = [
-            e["name"]
-            for e in ray.util.list_named_actors(all_namespaces=True)
-            if e.get("namespace") == NAMESPACE and e.get("name", "").startswith("choreography:")
-        ]
-        return sorted(names)
+        return actor_names(NAMESPACE, (ACTOR_PREFIX,))
 
     for name in guard(start):
         console.print(f"running: {name}")

@@ -38,7 +38,8 @@ from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..storage.protocols import JobQuery, StepCounts
 from .arguments import check_job_id, check_query, job_key
 from .config import merge, read_config, write_config
-from .constants import NAMESPACE, controller_name
+from .constants import CONTROLLER_PREFIX, NAMESPACE, controller_name
+from .directory import actor_names
 from .remote import is_host_gone, project_error
 
 T = TypeVar("T")
@@ -48,8 +49,6 @@ _WAIT_CHUNK = 10.0
 
 _STARTED_MEMORY = 10_000
 """How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
-
-_HOST_PREFIXES = ("choreography:controller:", "choreography:worker:")
 
 
 class Jobs:
@@ -74,7 +73,7 @@ class Jobs:
             return self._handle
         except ValueError:
             pass
-        for name in self._host_names(("choreography:controller:",)):
+        for name in actor_names(self.namespace, (CONTROLLER_PREFIX,)):
             try:
                 self._handle = ray.get_actor(name, namespace=self.namespace)
                 return self._handle
@@ -83,14 +82,6 @@ class Jobs:
         raise ConfigurationError(
             "no controller host runs in this cluster; run `choreography up` or connect()"
         )
-
-    def _host_names(self, prefixes: tuple[str, ...]) -> list[str]:
-        return [
-            entry["name"]
-            for entry in ray.util.list_named_actors(all_namespaces=True)
-            if entry.get("namespace") == self.namespace
-            and entry.get("name", "").startswith(prefixes)
-        ]
 
     def _call(self, what: str, method: str, *args: Any) -> Any:
         """`method` of the controller host; once more on the host that runs now when the one
@@ -120,7 +111,7 @@ class Jobs:
             write_config(updated, self.namespace)
             hosts = [
                 ray.get_actor(name, namespace=self.namespace)
-                for name in self._host_names(_HOST_PREFIXES)
+                for name in actor_names(self.namespace)
             ]
             try:
                 ray.get([h.refresh.remote() for h in hosts])

@@ -9,8 +9,11 @@ CONFIG_KEY = b"choreography_ray:cluster-config"
 STORAGE_ACTOR = "choreography:storage"
 
 
+ACTOR_PREFIX = "choreography:"
+"""Every actor of the job system: its hosts and the `memory://` storage actor."""
 CONTROLLER_PREFIX = "choreography:controller:"
 WORKER_PREFIX = "choreography:worker:"
+HOST_PREFIXES = (CONTROLLER_PREFIX, WORKER_PREFIX)
 
 ROUTES_REFRESH_SECONDS = 10.0
 """How often a host reads the list of host actors again, besides when a call to one fails."""

@@ -15,7 +15,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..jobs.errors import ConfigurationError
 from ..placement.roles import NodeFacts, NodeRoles, assign_roles, worker_share
-from .constants import controller_name, worker_name
+from .constants import ACTOR_PREFIX, controller_name, worker_name
+from .directory import actor_names
 from .hosts import ControllerHost, WorkerHost
 
 log = logging.getLogger("choreography_ray.runtime")
@@ -108,17 +109,13 @@ def _forget_modules(namespace: str, failures: list[str]) -> None:
 def stop_hosts(namespace: str) -> list[str]:
     """Kill every host actor of the namespace (their jobs stay in storage)."""
     killed = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry.get("namespace") != namespace or not entry.get("name", "").startswith(
-            "choreography:"
-        ):
-            continue
+    for name in actor_names(namespace, (ACTOR_PREFIX,)):
         try:
-            handle = ray.get_actor(entry["name"], namespace=namespace)
+            handle = ray.get_actor(name, namespace=namespace)
             with contextlib.suppress(Exception):
                 ray.get(handle.shutdown.remote(), timeout=10)
             ray.kill(handle)
-            killed.append(entry["name"])
+            killed.append(name)
         except ValueError:
             continue
     return killed

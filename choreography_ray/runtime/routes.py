@@ -37,7 +37,8 @@ class HostDirectory(Protocol):
         ...
 
     def gone(self, error: BaseException) -> bool:
-        """Whether a failed call says the host itself is gone (not that the call failed)."""
+        """Whether a failed call's error says the host itself died or is unreachable (not
+        that the call failed); a call the bound gave up on (`HostGone`) is `Routes`' own."""
         ...
 
 

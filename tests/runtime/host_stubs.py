@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 from choreography_ray.engine.messages import StopResult
-from choreography_ray.recovery.liveness import HostGone
 
 
 class DeadHost(Exception):
@@ -83,7 +82,7 @@ class DirectoryStub:
         return self.hosts[name]
 
     def gone(self, error: BaseException) -> bool:
-        return isinstance(error, DeadHost | HostGone)
+        return isinstance(error, DeadHost)
 
 
 async def until(condition: Any, turns: int = 2000) -> None:
