@@ -192,7 +192,7 @@ class JobsOptions(BaseModel):
         try:
             super().__init__(**values)
         except ValidationError as error:
-            raise _option_error(error) from None
+            raise option_error(error) from None
 
     @property
     def effective_max_parallel_steps(self) -> int:
@@ -282,9 +282,11 @@ class JobsOptions(BaseModel):
         return cls.from_mapping(values, origins=origins)
 
 
-def _option_error(error: ValidationError) -> InvalidOptionError:
+def option_error(error: ValidationError, what: str = "options") -> InvalidOptionError:
+    """A pydantic validation error as one line naming the setting (or `what`) that is wrong:
+    the same for job options and for the other settings a caller passes, such as a job key."""
     first = error.errors()[0]
-    setting = ".".join(str(p) for p in first.get("loc", ())) or "options"
+    setting = ".".join(str(p) for p in first.get("loc", ())) or what
     message = first.get("msg", "invalid value")
     message = message.removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":

@@ -17,6 +17,10 @@ from .status import JobStatus, JobStepStatus
 DEFAULT_SCOPE = "default"
 DEFAULT_NAMESPACE = "default"
 
+MAX_ID_LENGTH = 200
+"""The longest job id, step id, scope or namespace: ids from other systems (UUIDs, paths
+joined with dashes, ticket numbers) fit with room to spare, and every store indexes them."""
+
 
 def utc(value: datetime) -> datetime:
     """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
@@ -42,8 +46,8 @@ class JobKey(_Model):
     def _not_blank(cls, value: str) -> str:
         if not value or not value.strip():
             raise ValueError("must not be empty")
-        if len(value) > 200:
-            raise ValueError("must be at most 200 characters")
+        if len(value) > MAX_ID_LENGTH:
+            raise ValueError(f"must be at most {MAX_ID_LENGTH} characters")
         return value
 
     def __str__(self) -> str:

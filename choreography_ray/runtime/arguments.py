@@ -13,13 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..jobs.errors import InvalidJobIdError, InvalidOptionError
-from ..jobs.options import JobsOptions
-from ..jobs.state import JobKey
+from ..jobs.options import JobsOptions, option_error
+from ..jobs.state import MAX_ID_LENGTH, JobKey
 from ..storage.protocols import JobQuery
-
-MAX_JOB_ID_LENGTH = 200
-"""The same bound as a scope or a namespace: ids from other systems (UUIDs, paths joined with
-dashes, ticket numbers) fit with room to spare."""
 
 
 def check_job_id(job_id: object) -> str:
@@ -29,9 +25,9 @@ def check_job_id(job_id: object) -> str:
         raise InvalidJobIdError(job_id, f"is a {type(job_id).__name__}, not a string")
     if not job_id:
         raise InvalidJobIdError(job_id, "is empty")
-    if len(job_id) > MAX_JOB_ID_LENGTH:
+    if len(job_id) > MAX_ID_LENGTH:
         raise InvalidJobIdError(
-            job_id[:20] + "…", f"is {len(job_id)} characters long; at most {MAX_JOB_ID_LENGTH}"
+            job_id[:20] + "…", f"is {len(job_id)} characters long; at most {MAX_ID_LENGTH}"
         )
     if job_id != job_id.strip():
         raise InvalidJobIdError(job_id, "has whitespace at its start or end")
@@ -47,10 +43,7 @@ def job_key(scope: str, namespace: str) -> JobKey:
     try:
         return JobKey(scope=scope, namespace=namespace)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = str(first["loc"][0]) if first["loc"] else "job key"
-        reason = first["msg"].removeprefix("Value error, ")
-        raise InvalidOptionError(where, f"{reason} (got {first['input']!r})") from None
+        raise option_error(error, "job key") from None
 
 
 def check_query(query: JobQuery) -> JobQuery:

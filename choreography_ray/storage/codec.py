@@ -26,7 +26,7 @@ from ..jobs.errors import (
     UnreadableStepsError,
 )
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
+from ..jobs.state import MAX_ID_LENGTH, JobKey, JobState, JobStepState, PlannedStep
 from .protocols import StepCounts
 
 log = logging.getLogger("choreography_ray.storage")
@@ -36,8 +36,6 @@ StepRecord = tuple[str, int, "str | bytes | dict[str, Any]"]
 
 _UNREADABLE = (MalformedRecordError, TypeRegistryError)
 """What reading a record raises when the record, not the storage, is at fault."""
-
-MAX_ID_LENGTH = 200
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
