@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..jobs.errors import ConfigurationError
+from ..jobs.errors import InvalidOptionError
 
 CONTROLLER_RESOURCE = "choreography_controller"
 WORKER_RESOURCE = "choreography_worker"
@@ -49,12 +49,23 @@ def assign_roles(nodes: Iterable[NodeFacts]) -> list[NodeRoles]:
     return roles
 
 
+def check_workers_per_node(workers_per_node: object) -> int:
+    """`workers_per_node` if it is a whole number of worker hosts, at least 1: the one rule,
+    for `connect`'s arguments (checked before Ray) and for placement itself."""
+    if isinstance(workers_per_node, bool) or not isinstance(workers_per_node, int):
+        raise InvalidOptionError(
+            "workers_per_node", f"expected an integer, got {workers_per_node!r}"
+        )
+    if workers_per_node < 1:
+        raise InvalidOptionError("workers_per_node", f"must be at least 1, got {workers_per_node}")
+    return workers_per_node
+
+
 def worker_share(max_parallel_steps: int | None, workers_per_node: int) -> int | None:
     """Each worker host's part of its node's `max_parallel_steps` (rounded up; None: default).
 
     The throttle stays per node when a node runs several worker hosts."""
-    if workers_per_node < 1:
-        raise ConfigurationError(f"workers_per_node must be at least 1, got {workers_per_node}")
+    check_workers_per_node(workers_per_node)
     if max_parallel_steps is None:
         return None
     return max(1, -(-max_parallel_steps // workers_per_node))

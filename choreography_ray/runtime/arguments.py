@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from ..jobs.errors import InvalidJobIdError, InvalidOptionError
 from ..jobs.options import JobsOptions, option_error
 from ..jobs.state import MAX_ID_LENGTH, JobKey
+from ..placement.roles import check_workers_per_node
 from ..storage.protocols import JobQuery
 
 
@@ -56,7 +57,6 @@ def check_query(query: JobQuery) -> JobQuery:
 
 def check_connect_arguments(
     *,
-    storage: str | None,
     address: str | None,
     namespace: str,
     options: JobsOptions | None,
@@ -65,12 +65,8 @@ def check_connect_arguments(
     workers_per_node: int,
     runtime_env: dict[str, Any] | None,
 ) -> None:
-    """Refuse a bad `connect` argument, as `JobsOptions` refuses a bad setting."""
-    if storage is not None:
-        from ..storage.provider import provider_class
-        from ..storage.url import StorageURL
-
-        provider_class(StorageURL(storage))  # the scheme is known and its driver installed
+    """Refuse a bad `connect` argument, as `JobsOptions` refuses a bad setting (the storage
+    URL is checked by `connection.probe_storage`, which opens the store)."""
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise InvalidOptionError("address", f"expected 'auto' or 'host:port', not {address!r}")
     if not isinstance(namespace, str) or not namespace.strip():
@@ -80,10 +76,6 @@ def check_connect_arguments(
     if isinstance(modules, str) or not all(isinstance(m, str) and m.strip() for m in modules):
         raise InvalidOptionError("modules", f"expected a list of module names, not {modules!r}")
     JobsOptions(max_parallel_steps=max_parallel_steps)  # the setting's own rule
-    workers = workers_per_node
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise InvalidOptionError("workers_per_node", f"expected an integer, got {workers!r}")
-    if workers < 1:
-        raise InvalidOptionError("workers_per_node", f"must be at least 1, got {workers}")
+    check_workers_per_node(workers_per_node)
     if runtime_env is not None and not isinstance(runtime_env, dict):
         raise InvalidOptionError("runtime_env", f"expected a dict, not {runtime_env!r}")

@@ -69,7 +69,6 @@ def connect(
     types they define resolve; a job class's own module is added when it is started.
     """
     check_connect_arguments(
-        storage=storage,
         address=address,
         namespace=namespace,
         options=options,
@@ -131,13 +130,14 @@ def _wanted_config(
 def probe_storage(url: str) -> None:
     """Open the store once in this process, so a bad URL or a dead database fails here.
 
-    `memory://` lives in a cluster actor, so there is nothing to open yet.
+    `memory://` lives in a cluster actor, so there is nothing to open yet. Any other URL's
+    scheme is checked as it is opened (known, and its driver installed), in one line.
     """
     from ..storage.provider import open_storage
     from ..storage.url import StorageURL
 
     parsed = StorageURL(url)
-    if parsed.dialect == "memory":
+    if parsed.scheme == "memory":
         return
     options = JobsOptions(transient_retry_attempts=1)
 

@@ -147,8 +147,8 @@ def provider_class(url: StorageURL) -> type[StorageProvider]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ConfigurationError(
-            f"storage URL {url.redacted!r} needs a driver that is not installed "
-            f"({error.name}); install choreography-ray with its dependencies"
+            f"storage URL {url.redacted!r}: its provider {module_name} cannot be imported: "
+            f"module {error.name!r} is missing"
         ) from error
     cls = getattr(module, class_name)
     if not (isinstance(cls, type) and issubclass(cls, StorageProvider)):

@@ -196,6 +196,7 @@ def no_cluster(monkeypatch):
             "storage URL 'sqlitee:///x.db': unknown scheme 'sqlitee'; supported: memory, ",
         ),
         ({"storage": "jobs.db"}, "storage URL 'jobs.db' is not a URL"),
+        ({"storage": "memory+x://"}, "storage URL 'memory+x://': unknown scheme 'memory+x'"),
     ],
 )
 def test_a_bad_connect_argument_is_refused_before_ray(no_cluster, arguments, message):

@@ -48,5 +48,5 @@ def test_worker_hosts_of_a_node_share_its_parallelism(parallel, hosts, share) ->
 
 
 def test_fewer_than_one_worker_host_per_node_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="workers_per_node must be at least 1, got 0"):
+    with pytest.raises(ConfigurationError, match="workers_per_node: must be at least 1, got 0"):
         worker_share(4, 0)

@@ -63,3 +63,15 @@ def test_sqlite_and_memory_storage_work_without_either_driver():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["sqlite", "0", "memory", "0"]
+
+
+def test_a_provider_that_cannot_be_imported_names_the_missing_module(monkeypatch):
+    monkeypatch.delitem(sys.modules, "choreography_ray.storage.sql", raising=False)
+    monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # a dependency, not an extra's driver
+    with pytest.raises(ConfigurationError) as refused:
+        open_storage("sqlite:///jobs.db")
+    message = str(refused.value)
+    assert message == (
+        "storage URL 'sqlite:///jobs.db': its provider choreography_ray.storage.sql cannot be "
+        "imported: module 'sqlalchemy' is missing"
+    )
