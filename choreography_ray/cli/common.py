@@ -17,6 +17,7 @@ from rich.console import Console
 
 from ..jobs.errors import ChoreographyError, JobNotFoundError
 from ..jobs.options import JobsOptions
+from ..storage.retry import one_line
 from ..storage.url import redact
 
 STORAGE_ENV = "CHOREOGRAPHY_STORAGE"
@@ -72,7 +73,7 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
 
 def fail(error: BaseException) -> typer.Exit:
     """Print `error` as one line; the exit to raise."""
-    message = " ".join(str(error).split()) or type(error).__name__
+    message = one_line(error) or type(error).__name__
     if not isinstance(error, ChoreographyError | ValueError | OSError | TimeoutError):
         message = f"{type(error).__name__}: {message} (--debug shows the traceback)"
     errors.print(f"[red]error:[/red] {redact(message)}", highlight=False, soft_wrap=True)

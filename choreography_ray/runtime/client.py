@@ -37,7 +37,7 @@ from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..storage.protocols import JobQuery, StepCounts
 from .arguments import check_job_id, check_query, job_key
-from .config import merge, read_config, write_config
+from .config import merge, require_config, write_config
 from .constants import CONTROLLER_PREFIX, NAMESPACE, controller_name
 from .directory import actor_names
 from .remote import is_host_gone, project_error
@@ -101,9 +101,7 @@ class Jobs:
 
     def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
         """Make every host know the job's module and recover the job's partition."""
-        config = read_config(self.namespace)
-        if config is None:
-            raise ConfigurationError("the cluster has no choreography configuration")
+        config = require_config(self.namespace)
         module = job_type.__module__
         modules = [] if module == "__main__" else [module]
         updated = merge(config, modules=modules, keys=[key])

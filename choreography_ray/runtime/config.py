@@ -50,6 +50,18 @@ def read_config(namespace: str) -> ClusterConfig | None:
     return ClusterConfig.model_validate_json(raw)
 
 
+def require_config(namespace: str) -> ClusterConfig:
+    """The configuration, which must be there: a `ConfigurationError` naming what to do when
+    the namespace has none (callers that mean something else by it map the error)."""
+    config = read_config(namespace)
+    if config is None:
+        raise ConfigurationError(
+            f"no choreography configuration in Ray namespace {namespace!r}; start hosts with "
+            "choreography_ray.connect(...) or `choreography up`"
+        )
+    return config
+
+
 def write_config(config: ClusterConfig, namespace: str) -> None:
     _kv()._internal_kv_put(
         CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace

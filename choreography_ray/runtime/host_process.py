@@ -5,10 +5,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from typing import Any
 
-from ..jobs.errors import ShuttingDownError
-from .config import read_config
+from ..jobs.errors import ConfigurationError, ShuttingDownError
+from .config import ClusterConfig, require_config
 
 
 class JobIds(logging.Filter):
@@ -53,14 +52,12 @@ def tune_gc() -> None:
     gc.freeze()
 
 
-def cluster_config(namespace: str) -> Any:
-    config = read_config(namespace)
-    if config is None:
-        raise ShuttingDownError(
-            f"no choreography configuration in Ray namespace {namespace!r}; start hosts with "
-            "choreography_ray.connect(...) or `choreography up`"
-        )
-    return config
+def cluster_config(namespace: str) -> ClusterConfig:
+    """The configuration a host runs with; none means the job system is being taken down."""
+    try:
+        return require_config(namespace)
+    except ConfigurationError as error:
+        raise ShuttingDownError(str(error)) from None
 
 
 def rss_kb() -> int:

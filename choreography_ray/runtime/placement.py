@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..jobs.errors import ConfigurationError
 from ..placement.roles import NodeFacts, NodeRoles, assign_roles, worker_share
+from .config import require_config, write_config
 from .constants import ACTOR_PREFIX, controller_name, worker_name
 from .directory import actor_names
 from .hosts import ControllerHost, WorkerHost
@@ -94,11 +95,7 @@ def start_hosts(
 
 def _forget_modules(namespace: str, failures: list[str]) -> None:
     """A module no host can import is taken out of the configuration again."""
-    from .config import read_config, write_config
-
-    config = read_config(namespace)
-    if config is None:
-        return
+    config = require_config(namespace)
     bad = {failure.split(":", 1)[0] for failure in failures}
     write_config(
         config.model_copy(update={"modules": [m for m in config.modules if m not in bad]}),
