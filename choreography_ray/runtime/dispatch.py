@@ -33,11 +33,8 @@ class RayDispatcher:
         self.controller = controller
         self._turn = 0
 
-    def live_workers(self) -> list[str]:
-        """The worker hosts starts go to now; `routes.on_gone` tells when one leaves."""
-        return self.routes.workers
-
     async def _workers(self) -> list[str]:
+        """The worker hosts starts go to now; `routes.on_gone` tells when one leaves."""
         if not self.routes.workers:
             await self.routes.refresh()  # none known: look once more, off the loop
         if not self.routes.workers:
@@ -47,7 +44,7 @@ class RayDispatcher:
     async def start_steps(
         self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
     ) -> list[StartResult]:
-        workers = self.routes.workers or await self._workers()
+        workers = await self._workers()
         # Spread a batch over the worker hosts, one call per host.
         shares: dict[str, list[StepStart]] = {}
         for index, start in enumerate(starts):
@@ -108,7 +105,8 @@ class RayReporter:
             if name is not None:
                 yield name
             # The others only once the known one failed (it has left the table by then).
-            yield from (n for n in list(self.routes.controllers) if n != name)
+            # The list is replaced, never changed in place, when the table changes.
+            yield from (n for n in self.routes.controllers if n != name)
 
         last: BaseException | None = None
         for candidate in candidates():
