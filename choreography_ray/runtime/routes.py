@@ -61,7 +61,8 @@ class Routes:
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
         self._refreshing: asyncio.Task[None] | None = None
-        self._pinging: set[str] = set()
+        self._pinging: dict[str, Any] = {}
+        """The handle being pinged, per suspect: a replacement listed meanwhile is pinged too."""
         self._pings: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self.workers: list[str] = []
@@ -154,10 +155,15 @@ class Routes:
         self._ping({name: found[name] for name in self._suspects if found[name] is not None})
 
     def _ping(self, suspects: dict[str, Any]) -> None:
-        """Ping the listed suspects not already being pinged, in a task of their own."""
-        fresh = {name: handle for name, handle in suspects.items() if name not in self._pinging}
+        """Ping the listed suspects whose handle is not already being pinged, in a task of
+        their own."""
+        fresh = {
+            name: handle
+            for name, handle in suspects.items()
+            if self._pinging.get(name) is not handle
+        }
         if fresh:
-            self._pinging |= set(fresh)
+            self._pinging.update(fresh)
             ping = asyncio.get_running_loop().create_task(self._readmit(fresh))
             self._pings.add(ping)
             ping.add_done_callback(self._pings.discard)
@@ -169,7 +175,9 @@ class Routes:
                 *(self._answers(name, handle) for name, handle in suspects.items())
             )
         finally:
-            self._pinging -= set(suspects)
+            for name, handle in suspects.items():
+                if self._pinging.get(name) is handle:
+                    del self._pinging[name]
         back = {name for name, answered in answering if answered and name in self._suspects}
         if back:
             self._suspects -= back
