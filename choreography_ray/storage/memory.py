@@ -68,6 +68,11 @@ class MemoryStore:
             return self.partitions.setdefault(key, Partition())
 
 
+def _unfinished_in(row: JobRow, statuses: set[int]) -> bool:
+    """In `statuses`, and not a Stopped job whose stop is finalized."""
+    return row.status in statuses and not (row.status == JobStatus.STOPPED and row.stop_finalized)
+
+
 _KEPT = frozenset(int(s) for s in (JobStepStatus.FAILED, JobStepStatus.COMPLETED_WITH_FAILURE))
 """Statuses of the steps `remove_all_non_failed_for_job` keeps, when readable."""
 
@@ -100,6 +105,16 @@ class MemoryStorage(StorageProvider):
     ) -> None:
         super().__init__(url, registry=registry, options=options)
         self.store = _store_for(url)
+
+    async def keys_with_jobs(self, statuses: Iterable[JobStatus]) -> list[JobKey]:
+        wanted = {int(s) for s in statuses}
+        with self.store.lock:
+            keys = [
+                key
+                for key, partition in self.store.partitions.items()
+                if any(_unfinished_in(row, wanted) for row in partition.jobs.values())
+            ]
+        return sorted(keys, key=lambda key: (key.scope, key.namespace))
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         partition = self.store.partition(key)
@@ -203,8 +218,7 @@ class MemoryJobStorage(JobLookup, _Base):
                 (
                     (job_id, row)
                     for job_id, row in self._p.jobs.items()
-                    if row.status in wanted
-                    and not (row.status == JobStatus.STOPPED and row.stop_finalized)
+                    if _unfinished_in(row, wanted)
                 ),
                 key=lambda item: (item[1].created_us, item[0]),
             )

@@ -12,6 +12,9 @@ path, or `choreography` when the URL names none (see `database_name`). Each data
 - `job-step-plans`: one document per planned step, `_id` = `{"jobId", "incarnation",
   "ordinal"}`, with top-level `jobId`, `incarnation`, `ordinal` and `entry`.
 
+The partitions that hold unfinished jobs (`keys_with_jobs`) are found by listing the databases
+named with the prefix; no catalog collection is kept (docs/decisions.md says why).
+
 `state` and `entry` are sub-documents, so a record can be read in the shell. A value BSON
 cannot hold as such (a key starting with `$` or holding `.` or NUL, an integer beyond 64 bits)
 is stored as its JSON text instead; reading accepts both forms.
@@ -39,9 +42,10 @@ The partition's collections and indexes are in `mongo_partition`, database names
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from pymongo import MongoClient
@@ -59,13 +63,16 @@ from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry
 from ..jobs.state import JobKey
-from .mongo_jobs import MongoJobStorage
+from ..jobs.status import JobStatus
+from .mongo_documents import raw_record
+from .mongo_jobs import MongoJobStorage, excluding_finalized_stops
 from .mongo_names import database_name, prefix_of
 from .mongo_partition import JOBS, PLANS, STEPS, MongoPartition
 from .mongo_plans import MongoStepPlanStorage
 from .mongo_steps import MongoJobStepStorage
 from .protocols import JobsStorage, StorageCapabilities
 from .provider import ThreadedProvider
+from .retry import one_line
 from .url import StorageURL, redact
 
 __all__ = [
@@ -109,6 +116,26 @@ def forget_mongomock_store(url: str) -> None:
     """Drop the data of a `mongomock://` URL in this process."""
     with _MOCK_LOCK:
         _MOCK_CLIENTS.pop(StorageURL(url).without_query(), None)
+
+
+def _stored_key(database: str, document: Mapping[str, Any]) -> JobKey | None:
+    """The partition a job document names in its record; None, logged, when unreadable."""
+    try:
+        state = raw_record(document.get("state"))
+        if isinstance(state, str):
+            state = json.loads(state)
+        if not isinstance(state, dict):
+            raise ValueError("the record is not a JSON object")
+        return JobKey.model_validate(state.get("key") or {})
+    except ValueError as error:  # pydantic's ValidationError and JSONDecodeError are ValueErrors
+        log.warning(
+            "database %s: job %r does not say which partition it belongs to, so the "
+            "partition is left out of the catalog: %s",
+            database,
+            document.get("_id"),
+            one_line(error),
+        )
+        return None
 
 
 class MongoStorage(ThreadedProvider):
@@ -165,6 +192,35 @@ class MongoStorage(ThreadedProvider):
             partition = MongoPartition(self.client[self.database_name(key)], mock=self.mock)
             self._databases[key] = partition
         return partition
+
+    async def keys_with_jobs(self, statuses: Iterable[JobStatus]) -> list[JobKey]:
+        """The databases named with this provider's prefix, and in each one indexed look-up.
+
+        A hashed database name cannot be read back, so the key comes from the job found, and
+        is kept only if it names that very database: a database of another prefix (`p+a`'s
+        `p+a+b` looks like `p`'s partition `a`/`b`) is never taken for one of ours.
+        """
+        wanted = list(statuses)
+        if not wanted:
+            return []
+        return await self.run(self._keys_with_jobs, excluding_finalized_stops(wanted))
+
+    def _keys_with_jobs(self, filter: dict[str, Any]) -> list[JobKey]:
+        with self._serial:
+            names = self.client.list_database_names()
+        keys = []
+        for name in sorted(n for n in names if n.startswith(f"{self.prefix}+")):
+            jobs = self.client[name][JOBS]
+            with self._serial:
+                found = jobs.find_one(filter, {"state.key": 1})
+                if found is not None and not isinstance(found.get("state"), dict):
+                    found = jobs.find_one({"_id": found["_id"]}, {"state": 1})
+            if found is None:
+                continue
+            key = _stored_key(name, found)
+            if key is not None and self.database_name(key) == name:
+                keys.append(key)
+        return sorted(keys, key=lambda key: (key.scope, key.namespace))
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         partition = self._partition(key)  # for_key holds the partitions lock

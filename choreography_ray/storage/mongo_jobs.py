@@ -19,6 +19,15 @@ from .mongo_partition import MongoRecords
 from .protocols import JobQuery
 
 
+def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> dict[str, Any]:
+    """The filter of jobs in `statuses` but not Stopped with a finalized stop; served by the
+    `status_stopFinalized` index."""
+    return {
+        "status": {"$in": sorted({int(s) for s in statuses})},
+        "$nor": [{"status": int(JobStatus.STOPPED), "stopFinalized": True}],
+    }
+
+
 class MongoJobStorage(JobLookup, MongoRecords):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
@@ -128,10 +137,7 @@ class MongoJobStorage(JobLookup, MongoRecords):
     async def get_jobs_excluding_finalized_stops(
         self, statuses: Iterable[JobStatus]
     ) -> list[JobState]:
-        filter = {
-            "status": {"$in": sorted({int(s) for s in statuses})},
-            "$nor": [{"status": int(JobStatus.STOPPED), "stopFinalized": True}],
-        }
+        filter = excluding_finalized_stops(statuses)
 
         def read() -> list[JobState]:
             cursor = self._p.jobs.find(filter, {"state": 1, "version": 1})

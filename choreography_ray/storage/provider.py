@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
+from ..jobs.status import JobStatus
 from .blocking import BlockingCalls
 from .codec import RecordCodec
 from .protocols import JobsStorage, StorageCapabilities
@@ -73,6 +74,17 @@ class StorageProvider(ABC):
 
     @abstractmethod
     def _open_partition(self, key: JobKey) -> JobsStorage: ...
+
+    async def keys_with_jobs(self, statuses: Iterable[JobStatus]) -> list[JobKey]:
+        """Every partition holding a job in `statuses`, leaving out Stopped jobs whose stop is
+        finalized, sorted by scope then namespace: the durable catalog recovery reads.
+
+        The filter is `get_jobs_excluding_finalized_stops`'s, so given the statuses rehydration
+        loads it names exactly the partitions where rehydration finds work, across the whole
+        store and without any host having to remember them. A provider that cannot answer
+        raises; recovery then counts its catalog as incomplete.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no catalog of its partitions")
 
     async def initialize(self) -> None:  # noqa: B027 - most providers need nothing
         """Create what the provider needs (schema, indexes); safe to call more than once."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ClassVar, TypeVar
@@ -41,6 +41,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
+    select,
     text,
 )
 from sqlalchemy import exc as sa_exc
@@ -49,12 +50,13 @@ from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry
 from ..jobs.state import JobKey
+from ..jobs.status import JobStatus
 from .protocols import JobsStorage, StorageCapabilities
 from .provider import ThreadedProvider
 from .sql_base import ANALYZE_AFTER
 from .sql_engines import is_transient_error, postgres_engine, sqlite_engines
-from .sql_jobs import SqlJobStorage
-from .sql_schema import MIGRATIONS, VERSION_TABLE, Statements
+from .sql_jobs import SqlJobStorage, excluding_finalized_stops
+from .sql_schema import MIGRATIONS, VERSION_TABLE, Statements, jobs_table
 from .sql_steps import SqlJobStepStorage
 from .url import StorageURL
 
@@ -322,6 +324,30 @@ class SqlStorage(ThreadedProvider):
         self.engine.dispose()
         if self.is_sqlite:
             self._inline_engine.dispose()
+
+    async def keys_with_jobs(self, statuses: Iterable[JobStatus]) -> list[JobKey]:
+        """One DISTINCT query over the jobs table.
+
+        It reads `ix_choreography_jobs_stop` alone (scope, namespace, status, stop_finalized:
+        every column it needs), all of it, since status is not the index's first column. An index
+        led by status would read only the unfinished jobs, but every status change of every job
+        would maintain it, for a query made once per recovery pass; docs/storage.md has the cost.
+        """
+        wanted = excluding_finalized_stops(statuses)
+        if wanted is None:
+            return []
+        statement = (
+            select(jobs_table.c.scope, jobs_table.c.namespace)
+            .where(wanted)
+            .distinct()
+            .order_by(jobs_table.c.scope, jobs_table.c.namespace)
+        )
+        return await self.run(self._keys, statement)
+
+    def _keys(self, statement: Any) -> list[JobKey]:
+        with self.autocommit() as connection:
+            rows = connection.execute(statement).all()
+        return [JobKey(scope=scope, namespace=namespace) for scope, namespace in rows]
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         return JobsStorage(

@@ -19,6 +19,20 @@ from .sql_schema import jobs_table
 _TERMINAL = tuple(sorted(int(s) for s in TERMINAL_JOB_STATUSES))
 
 
+def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> ColumnElement[bool] | None:
+    """Jobs in `statuses` but not Stopped with a finalized stop; None when no status is asked.
+
+    Served by `ix_choreography_jobs_stop`, whose columns hold every column this tests.
+    """
+    wanted = sorted({int(s) for s in statuses})
+    if not wanted:
+        return None
+    return and_(
+        jobs_table.c.status.in_(wanted),
+        not_(and_(jobs_table.c.status == int(JobStatus.STOPPED), jobs_table.c.stop_finalized)),
+    )
+
+
 class SqlJobStorage(JobLookup, SqlRecords):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
@@ -127,22 +141,12 @@ class SqlJobStorage(JobLookup, SqlRecords):
     async def get_jobs_excluding_finalized_stops(
         self, statuses: Iterable[JobStatus]
     ) -> list[JobState]:
-        wanted = sorted({int(s) for s in statuses})
-        if not wanted:
+        wanted = excluding_finalized_stops(statuses)
+        if wanted is None:
             return []
         statement = (
             select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
-            .where(
-                self._where(
-                    jobs_table.c.status.in_(wanted),
-                    not_(
-                        and_(
-                            jobs_table.c.status == int(JobStatus.STOPPED),
-                            jobs_table.c.stop_finalized,
-                        )
-                    ),
-                )
-            )
+            .where(self._where(wanted))
             .order_by(jobs_table.c.created, jobs_table.c.id)
         )
         return await self._run(self._decoded, statement)

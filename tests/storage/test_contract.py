@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from choreography_ray.jobs import (
+    RUNNING_JOB_STATUSES,
+    STOP_STATUSES,
+    TERMINAL_JOB_STATUSES,
     JobKey,
     JobStatus,
     JobStepStatus,
@@ -259,6 +262,92 @@ def test_a_finalized_stop_that_resumes_and_stops_again_is_listed(run, storage, m
     assert _ids(run(storage.jobs.get_jobs_excluding_finalized_stops([JobStatus.STOPPED]))) == [
         job.id
     ]
+
+
+# -- the catalog of partitions with unfinished jobs ----------------------------------------------
+
+UNFINISHED = RUNNING_JOB_STATUSES | STOP_STATUSES
+"""The statuses rehydration loads (engine.manager.INTERRUPTED_STATUSES)."""
+
+
+def _save_in(run, provider, make, key, status, *, finalized=False):
+    job = make.job(key=key, status=status, stop_finalized=finalized)
+    job.version = run(provider.for_key(key).jobs.save(job))
+    return job
+
+
+def _listed(run, provider, keys):
+    """Which of `keys` the catalog lists: other tests may share the store."""
+    found = run(provider.keys_with_jobs(UNFINISHED))
+    assert len(found) == len(set(found))
+    assert found == sorted(found, key=lambda k: (k.scope, k.namespace))
+    return [k for k in found if k in set(keys)]
+
+
+def test_the_catalog_lists_exactly_the_partitions_with_unfinished_jobs(run, provider, make, key):
+    def part(name):
+        return JobKey(scope=key.scope, namespace=name)
+
+    for status in sorted(RUNNING_JOB_STATUSES):
+        _save_in(run, provider, make, part(f"a-{status.name.lower()}"), status)
+    _save_in(run, provider, make, part("b-open-stop"), JobStatus.STOPPED)
+    _save_in(run, provider, make, part("c-removing"), JobStatus.REMOVING, finalized=True)
+    for status in sorted(TERMINAL_JOB_STATUSES):
+        _save_in(run, provider, make, part("d-terminal"), status)
+    _save_in(run, provider, make, part("e-finalized-stop"), JobStatus.STOPPED, finalized=True)
+    provider.for_key(part("f-opened-never-written"))
+    _save_in(run, provider, make, part("g-mixed"), JobStatus.COMPLETED_SUCCESSFULLY)
+    _save_in(run, provider, make, part("g-mixed"), JobStatus.RUNNING)
+    _save_in(run, provider, make, part("g-mixed"), JobStatus.RUNNING)
+    running = [part(f"a-{status.name.lower()}") for status in sorted(RUNNING_JOB_STATUSES)]
+    unfinished = [*running, part("b-open-stop"), part("c-removing"), part("g-mixed")]
+    finished = [part(n) for n in ("d-terminal", "e-finalized-stop", "f-opened-never-written")]
+
+    assert _listed(run, provider, unfinished + finished) == sorted(
+        unfinished, key=lambda k: k.namespace
+    )
+
+
+def test_the_catalog_follows_jobs_as_they_finish_and_stop(run, provider, make, key):
+    job = _save_in(run, provider, make, key, JobStatus.RUNNING)
+    assert _listed(run, provider, [key]) == [key]
+    job.status = JobStatus.STOPPED
+    job.version = run(provider.for_key(key).jobs.save(job))
+    assert _listed(run, provider, [key]) == [key]
+    job.stop_finalized = True
+    job.version = run(provider.for_key(key).jobs.save(job))
+    assert _listed(run, provider, [key]) == []
+    job.status, job.stop_finalized = JobStatus.RUNNING, False
+    job.version = run(provider.for_key(key).jobs.save(job))
+    assert _listed(run, provider, [key]) == [key]
+    run(provider.for_key(key).jobs.remove(job.id))
+    assert _listed(run, provider, [key]) == []
+
+
+@pytest.mark.parametrize(
+    ("scope", "namespace"),
+    [
+        ("plain", "default"),
+        ("plain", "tenant-a"),
+        ("Upper.Case+plus", "Tenant/1"),
+        ("h0123456789abcdef01234567", "default"),
+        ("x" * 60, "y" * 60),
+        ("ünïcode", "名前"),
+    ],
+)
+def test_the_catalog_names_any_partition_key_as_it_was_written(
+    run, provider, make, key, scope, namespace
+):
+    mine = JobKey(scope=f"{key.scope}-{scope}", namespace=namespace)
+    _save_in(run, provider, make, mine, JobStatus.RUNNING)
+    assert _listed(run, provider, [mine]) == [mine]
+
+
+def test_the_catalog_asks_only_for_the_given_statuses(run, provider, make, key):
+    _save_in(run, provider, make, key, JobStatus.RUNNING)
+    assert run(provider.keys_with_jobs([])) == []
+    assert key not in run(provider.keys_with_jobs([JobStatus.STOPPED]))
+    assert key in run(provider.keys_with_jobs([JobStatus.RUNNING]))
 
 
 # -- isolation ----------------------------------------------------------------------------------

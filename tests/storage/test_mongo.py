@@ -232,6 +232,40 @@ def test_values_bson_cannot_hold_as_documents_are_stored_as_json(run, mongo, reg
     assert run(storage.plans.load_plan("j", 1)) == plan
 
 
+# -- the catalog of partitions --------------------------------------------------------------------
+
+
+def test_the_catalog_reads_a_key_stored_as_json_text(run, mongo, registry):
+    key = JobKey(scope="Odd.Scope", namespace="t")
+    request = Payload(type="contract.request", data={"index": "i", "shard": 1, "x.y": {"$z": 2}})
+    run(mongo.for_key(key).jobs.save(Factory(registry, key).job("j", request=request)))
+    assert isinstance(mongo.partition(key).jobs.find_one({"_id": "j"})["state"], str)
+    assert run(mongo.keys_with_jobs([JobStatus.RUNNING])) == [key]
+
+
+def test_the_catalog_never_takes_a_database_of_another_prefix_for_its_own(run, mongo, registry):
+    # A provider with prefix `{p}+a` keeps partition b/default in `{p}+a+b`, which reads like
+    # partition a/b of prefix `{p}`; the job in it names b/default, whose database is `{p}+b`.
+    key = JobKey(scope="b")
+    run(mongo.for_key(key).jobs.save(Factory(registry, key).job("j")))
+    document = mongo.partition(key).jobs.find_one({"_id": "j"})
+    mongo.client[f"{mongo.prefix}+a+b"]["jobs"].insert_one(document)
+    mongo.partition(key).jobs.delete_one({"_id": "j"})
+    assert run(mongo.keys_with_jobs([JobStatus.RUNNING])) == []
+
+
+def test_a_job_that_does_not_name_its_partition_is_logged_and_left_out(
+    run, mongo, registry, caplog
+):
+    good = JobKey(scope="good")
+    run(mongo.for_key(good).jobs.save(Factory(registry, good).job("j")))
+    broken = mongo.client[f"{mongo.prefix}+broken"]["jobs"]
+    broken.insert_one({"_id": "x", "status": int(JobStatus.RUNNING), "state": "{not json"})
+    with caplog.at_level("WARNING", logger="choreography_ray.storage"):
+        assert run(mongo.keys_with_jobs([JobStatus.RUNNING])) == [good]
+    assert "does not say which partition it belongs to" in caplog.text
+
+
 # -- indexes --------------------------------------------------------------------------------------
 
 

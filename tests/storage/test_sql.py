@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import event, inspect
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import inspect
 
 from choreography_ray.jobs import (
     ConfigurationError,
@@ -199,6 +199,25 @@ def test_the_database_directory_is_created(run, tmp_path, registry):
     finally:
         run(provider.close())
     assert (tmp_path / "a" / "b" / "jobs.db").is_file()
+
+
+def test_the_catalog_query_reads_only_the_covering_index_on_sqlite(run, sqlite_provider):
+    statements: list[tuple[str, tuple]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        statements.append((statement, parameters))
+
+    run(sqlite_provider.for_key(KEY).jobs.save(job(status=JobStatus.RUNNING)))
+    event.listen(sqlite_provider.engine, "before_cursor_execute", capture)
+    try:
+        assert run(sqlite_provider.keys_with_jobs([JobStatus.RUNNING, JobStatus.STOPPED])) == [KEY]
+    finally:
+        event.remove(sqlite_provider.engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = [s for s in statements if "DISTINCT" in s[0]]
+    with sqlite_connection(sqlite_provider) as connection:
+        plan = connection.execute(f"EXPLAIN QUERY PLAN {statement}", parameters).fetchall()
+    details = " | ".join(row[-1] for row in plan)
+    assert "USING COVERING INDEX ix_choreography_jobs_stop" in details, details
 
 
 # -- SQLite settings ------------------------------------------------------------------------------
