@@ -4,6 +4,15 @@ A jobs manager is handed its recovery (`JobsManager(ctx, recovery=Rehydration)`)
 never imports this package.
 """
 
+from .keys import KEY_PROVIDERS_GROUP, KeyCatalog, KeyCatalogReader, KeyProvider, named_provider
 from .rehydration import Rehydration, RehydrationReport
 
-__all__ = ["Rehydration", "RehydrationReport"]
+__all__ = [
+    "KEY_PROVIDERS_GROUP",
+    "KeyCatalog",
+    "KeyCatalogReader",
+    "KeyProvider",
+    "Rehydration",
+    "RehydrationReport",
+    "named_provider",
+]

@@ -1,0 +1,236 @@
+"""Which partitions a recovery pass visits: storage's durable catalog, plus key providers.
+
+Storage answers which (scope, namespace) pairs hold unfinished jobs, so after a whole-cluster
+restart every such partition is found with no user code and no host having to remember it. A
+user may add key providers, for partitions storage cannot name (or to recover before storage
+can answer): a callable taking nothing and returning an iterable of `(scope, namespace)` pairs
+or `JobKey`s, synchronous or asynchronous, passed in code, named as `module:callable`, or
+registered under the entry point group `choreography_ray.key_providers`.
+
+Each pass asks every source at once and each within a time bound; one that fails or does not
+answer is logged and left out of that pass, the others still count, and the catalog says it is
+incomplete so the caller can retry that source. Entry points and named callables are loaded
+again on each pass, so one that failed to import is retried with the rest. Only callables the
+user names are imported; nothing read from storage ever is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import re
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from ..engine.clock import Clock, SystemClock
+from ..engine.manager import INTERRUPTED_STATUSES
+from ..jobs.errors import ConfigurationError
+from ..jobs.state import JobKey
+from ..storage.provider import StorageProvider
+from ..storage.retry import one_line
+from .liveness import Bound, HostGone
+
+log = logging.getLogger("choreography_ray.recovery")
+
+KEY_PROVIDERS_GROUP = "choreography_ray.key_providers"
+"""The entry point group whose entries are key providers."""
+
+STORAGE_SOURCE = "storage"
+"""How the storage catalog is named among the sources of a pass."""
+
+ENTRY_POINTS_SOURCE = "entry points"
+"""How the listing of installed entry points is named when it fails."""
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds a source has to answer before the pass goes on without it."""
+
+KeyProvider = Callable[[], Any]
+"""Returns an iterable (or async iterable, or an awaitable of an iterable) of `JobKey`s or
+`(scope, namespace)` pairs."""
+
+_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True)
+class KeyCatalog:
+    """The partitions one pass found, each once, and the sources that failed to answer."""
+
+    keys: tuple[JobKey, ...]
+    failed: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every source answered: no partition with unfinished jobs is missing."""
+        return not self.failed
+
+
+def named_provider(name: str) -> EntryPoint:
+    """A key provider the user names as `module:callable`; imported on each pass, not here.
+
+    Raises `ConfigurationError` at once for a name of any other form.
+    """
+    if not isinstance(name, str) or not _NAME.match(name.strip()):
+        raise ConfigurationError(
+            f"key provider {name!r}: expected an importable callable as module:callable, "
+            "e.g. myapp.recovery:job_keys"
+        )
+    return EntryPoint(name=name.strip(), value=name.strip(), group=KEY_PROVIDERS_GROUP)
+
+
+def registered_providers() -> list[EntryPoint]:
+    """The entry points installed packages register under `KEY_PROVIDERS_GROUP`."""
+    return sorted(entry_points(group=KEY_PROVIDERS_GROUP), key=lambda ep: ep.name)
+
+
+class KeyCatalogReader:
+    """Reads the catalog of a host: storage's, combined with every key provider.
+
+    `providers` are callables given in code; `names` are `module:callable` names the user
+    configured; entry points of `KEY_PROVIDERS_GROUP` are read on each pass unless
+    `entry_points` is False. The first incomplete pass is warned about once; each failure is
+    logged on every pass.
+    """
+
+    def __init__(
+        self,
+        storage: StorageProvider,
+        providers: Sequence[KeyProvider] = (),
+        *,
+        names: Sequence[str] = (),
+        entry_points: bool = True,
+        timeout: float = DEFAULT_TIMEOUT,
+        clock: Clock | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigurationError(
+                f"key catalog timeout must be a positive number of seconds, got {timeout!r}"
+            )
+        self.storage = storage
+        self.providers = list(providers)
+        self.named = [named_provider(name) for name in names]
+        self.entry_points = entry_points
+        self._bound = Bound(timeout, clock or SystemClock())
+        self._warned = False
+
+    async def read(self) -> KeyCatalog:
+        """Ask every source at once; the keys they gave, deduplicated and sorted."""
+        sources: list[tuple[str, Callable[[], Awaitable[list[JobKey]]]]] = [
+            (STORAGE_SOURCE, self._storage_keys)
+        ]
+        sources += [(_name_of(provider), _calling(provider)) for provider in self.providers]
+        sources += [(named.value, _loading(named)) for named in self.named]
+        failed = []
+        if self.entry_points:
+            try:
+                installed = await asyncio.to_thread(registered_providers)
+            except Exception as error:
+                log.warning("the installed key providers cannot be listed: %s", one_line(error))
+                failed.append(ENTRY_POINTS_SOURCE)
+            else:
+                sources += [(f"entry point {ep.name}", _loading(ep)) for ep in installed]
+        answers = await asyncio.gather(*(self._ask(name, call) for name, call in sources))
+        keys: set[JobKey] = set()
+        for (name, _), answer in zip(sources, answers, strict=True):
+            if answer is None:
+                failed.append(name)
+            else:
+                keys.update(answer)
+        catalog = KeyCatalog(
+            keys=tuple(sorted(keys, key=lambda key: (key.scope, key.namespace))),
+            failed=tuple(failed),
+        )
+        if not catalog.complete and not self._warned:
+            self._warned = True
+            log.warning(
+                "recovery's key catalog is incomplete (%s did not answer): a partition only "
+                "they know is not recovered until a pass reads it",
+                ", ".join(catalog.failed),
+            )
+        return catalog
+
+    async def _storage_keys(self) -> list[JobKey]:
+        return await self.storage.keys_with_jobs(INTERRUPTED_STATUSES)
+
+    async def _ask(
+        self, name: str, call: Callable[[], Awaitable[list[JobKey]]]
+    ) -> list[JobKey] | None:
+        """The source's keys, or None, logged, when it failed or did not answer in time."""
+        try:
+            return await self._bound(call(), name)
+        except HostGone:
+            log.warning(
+                "key source %s did not answer within %gs; this pass goes on without it",
+                name,
+                self._bound.seconds,
+            )
+        except Exception as error:
+            log.warning(
+                "key source %s failed; this pass goes on without it: %s: %s",
+                name,
+                type(error).__name__,
+                one_line(error),
+            )
+        return None
+
+
+def _name_of(provider: KeyProvider) -> str:
+    module = getattr(provider, "__module__", None) or type(provider).__module__
+    qualname = getattr(provider, "__qualname__", None) or type(provider).__qualname__
+    return f"{module}:{qualname}"
+
+
+def _calling(provider: KeyProvider) -> Callable[[], Awaitable[list[JobKey]]]:
+    async def call() -> list[JobKey]:
+        return await _keys_of(provider)
+
+    return call
+
+
+def _loading(entry_point: EntryPoint) -> Callable[[], Awaitable[list[JobKey]]]:
+    async def call() -> list[JobKey]:
+        provider = await asyncio.to_thread(entry_point.load)
+        return await _keys_of(provider)
+
+    return call
+
+
+async def _keys_of(provider: Any) -> list[JobKey]:
+    """Call the provider (a synchronous one on a thread: it may do I/O) and read its keys."""
+    if not callable(provider):
+        raise TypeError(f"{provider!r} is not callable")
+    if inspect.iscoroutinefunction(provider):
+        answer = await provider()
+    else:
+        answer = await asyncio.to_thread(_gather_sync, provider)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if isinstance(answer, AsyncIterable):
+        answer = [item async for item in answer]
+    if not isinstance(answer, Iterable) or isinstance(answer, str | bytes):
+        raise TypeError(f"returned {answer!r}, not an iterable of (scope, namespace) pairs")
+    return [_key(item) for item in answer]
+
+
+def _gather_sync(provider: Callable[[], Any]) -> Any:
+    """Call a synchronous provider and, on the same thread, read a plain iterable it returns."""
+    answer = provider()
+    if inspect.isawaitable(answer) or isinstance(answer, AsyncIterable):
+        return answer
+    if isinstance(answer, Iterable) and not isinstance(answer, str | bytes):
+        return list(answer)
+    return answer
+
+
+def _key(item: Any) -> JobKey:
+    if isinstance(item, JobKey):
+        return item
+    if isinstance(item, tuple | list) and len(item) == 2:
+        scope, namespace = item
+        try:
+            return JobKey(scope=scope, namespace=namespace)
+        except ValueError as error:
+            raise ValueError(f"returned {item!r}, not a valid key: {one_line(error)}") from None
+    raise TypeError(f"returned {item!r}, not a (scope, namespace) pair")
