@@ -32,8 +32,10 @@ from ..engine.worker import StepWorker
 from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
+from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
+from ..recovery.retries import Partitions, Startup
 from ..storage.protocols import JobQuery, StepCounts
 from .config import import_modules
 from .constants import controller_name, worker_name
@@ -69,15 +71,13 @@ class _Host:
         self.provider = open_cluster_storage(
             config.storage, namespace=namespace, modules=config.modules, options=self.options
         )
-
-        self._ready: asyncio.Task[None] | None = None
+        self._startup = Startup(self._start, self.clock, what=name)
 
     async def ready(self) -> int:
         """Wait until the host has started (storage open, routing table read, and for a
-        controller host known partitions rehydrated); the host's epoch."""
-        if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_task(self._start())
-        await asyncio.shield(self._ready)
+        controller host known partitions rehydrated); the host's epoch. A start that failed
+        is begun again by the next call, and retried meanwhile."""
+        await self._startup.wait()
         return self.epoch
 
     async def _start(self) -> None:
@@ -107,22 +107,29 @@ class ControllerHost(_Host):
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
-        self._keys: set[JobKey] = set()
+        self.partitions: Partitions[JobKey] = Partitions(
+            self._rehydrate_partition, self.clock, what=f"{self.name}: rehydrating partition"
+        )
 
     async def _start(self) -> None:
         await super()._start()
-        await self.refresh()
+        await self._refresh()
 
     async def refresh(self) -> list[str]:
         """Read the configuration again: import new job modules, recover new partitions.
 
-        Returns the modules that failed to import, with the reasons."""
+        A partition whose rehydration fails is retried alone in the background and does not
+        hold up the others. Returns the modules that failed to import, with the reasons."""
+        await self.ready()  # recovery needs the storage open: a failed start is begun again
+        return await self._refresh()
+
+    async def _refresh(self) -> list[str]:
         config, failed = await self._import_new_modules()
-        for key in config.keys:
-            if key not in self._keys:
-                self._keys.add(key)
-                await self.manager(key).rehydrate()
+        await self.partitions.recover(config.keys)
         return failed
+
+    async def _rehydrate_partition(self, key: JobKey) -> None:
+        await self.manager(key).rehydrate()
 
     async def _alive(self, owner: JobOwner) -> bool:
         return await owner_alive(owner, self.me, self._ping)
@@ -148,7 +155,6 @@ class ControllerHost(_Host):
                 ),
                 recovery=Rehydration,
             )
-            self._keys.add(key)
         return manager
 
     # -- what clients ask -----------------------------------------------------------------------
@@ -216,11 +222,15 @@ class ControllerHost(_Host):
             "rss_kb": rss_kb(),
         }
 
-    async def rehydrate(self, key: JobKey) -> None:
+    async def rehydrate(self, key: JobKey, within: float) -> RehydrationSummary:
+        """An explicit rehydration pass of the partition, summarized once its jobs resumed or
+        after `within` seconds."""
         await self.ready()
-        await self.manager(key).rehydrate()
+        return await rehydrate_within(self.manager(key), within, self.clock)
 
     async def shutdown(self) -> None:
+        self._startup.close()
+        self.partitions.close()
         for manager in self.managers.values():
             manager.close()
         self.routes.close()
@@ -307,6 +317,7 @@ class WorkerHost(_Host):
         }
 
     async def shutdown(self) -> None:
+        self._startup.close()
         await self.worker.close()
         self.routes.close()
         await self.provider.close()
