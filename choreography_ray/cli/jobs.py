@@ -1,4 +1,4 @@
-"""The `jobs` commands: list, show, watch, stop, resume and remove.
+"""The `jobs` commands: list, show, watch, stop, resume, remove and rehydrate.
 
 Ids, limits and statuses are checked before the command joins the cluster, so a mistake costs
 no Ray start-up and reaches nothing stored.
@@ -170,3 +170,22 @@ def _simple(action: str) -> Callable[..., None]:
 
 for _action in ("stop", "resume", "remove"):
     jobs_app.command(_action)(_simple(_action))
+
+
+@jobs_app.command("rehydrate")
+def jobs_rehydrate(
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    timeout: Annotated[
+        float, typer.Option(help="Wait at most this many seconds for the jobs to resume.")
+    ] = 60.0,
+) -> None:
+    """Resume a partition's interrupted jobs now, as after a restart, and say what was done."""
+    from ..recovery.explicit import check_timeout
+
+    guard(lambda: check_timeout(timeout))  # before joining the cluster
+    jobs = _client(storage, address, scope, namespace, None)
+    summary = guard(lambda: jobs.rehydrate(timeout=timeout, **_key_args(scope, namespace)))
+    console.print(summary.line())

@@ -35,6 +35,7 @@ from ..jobs.errors import (
 from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
+from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
 from .arguments import check_job_id, check_query, job_key
 from .config import merge, require_config, write_config
@@ -196,6 +197,20 @@ class Jobs:
         key = job_key(scope, namespace)
         self._call("jobs.remove", "remove", key, check_job_id(job_id))
 
+    def rehydrate(
+        self,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout: float = 60.0,
+    ) -> RehydrationSummary:
+        """Resume the partition's interrupted jobs and finish its unfinished stops now, as
+        after a restart; what the pass did once its jobs resumed, or, after `timeout` seconds,
+        that it is still under way (the jobs keep resuming in the background)."""
+        key = job_key(scope, namespace)
+        within = check_timeout(timeout)
+        return self._call("jobs.rehydrate", "rehydrate", key, within)
+
     def _gone(self, key: JobKey, job_id: str) -> None:
         """A job found nowhere when a wait began: cleared, if this client started it; else it
         never existed here (or was removed before anyone asked), which is an error."""
@@ -305,6 +320,9 @@ class AsyncJobs:
 
     async def wait(self, job_id: str, **kwargs: Any) -> JobState | None:
         return await self._call(self._jobs.wait, job_id, **kwargs)
+
+    async def rehydrate(self, **kwargs: Any) -> RehydrationSummary:
+        return await self._call(self._jobs.rehydrate, **kwargs)
 
     async def events(self, job_id: str, **kwargs: Any) -> AsyncIterator[JobState]:
         iterator = self._jobs.events(job_id, **kwargs)
