@@ -33,6 +33,7 @@ from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
+from ..recovery.keys import KeyCatalogReader
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
@@ -107,6 +108,7 @@ class ControllerHost(_Host):
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
+        self.catalog: KeyCatalogReader | None = None
         self.partitions: Partitions[JobKey] = Partitions(
             self._rehydrate_partition, self.clock, what=f"{self.name}: rehydrating partition"
         )
@@ -124,8 +126,14 @@ class ControllerHost(_Host):
         return await self._refresh()
 
     async def _refresh(self) -> list[str]:
+        """The partitions to recover: those the cluster's configuration names, and those the
+        key catalog finds unfinished jobs in (storage's, which survives a whole-cluster
+        restart, and the user's key providers)."""
         config, failed = await self._import_new_modules()
-        await self.partitions.recover(config.keys)
+        if self.catalog is None:
+            self.catalog = KeyCatalogReader(self.provider, clock=self.clock)
+        found = await self.catalog.read()
+        await self.partitions.recover(list(dict.fromkeys([*config.keys, *found.keys])))
         return failed
 
     async def _rehydrate_partition(self, key: JobKey) -> None:

@@ -6,6 +6,7 @@ call to that actor, so all hosts see one store, as they would a database.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import ray
@@ -15,6 +16,7 @@ from ..jobs.errors import StorageUnavailableError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
+from ..jobs.status import JobStatus
 from ..recovery.liveness import Bound, HostGone
 from ..storage.memory import MemoryStorage
 from ..storage.protocols import JobsStorage, StorageCapabilities
@@ -38,6 +40,9 @@ class StorageActor:
     async def call(self, key: JobKey, part: str, method: str, args: tuple[Any, ...]) -> Any:
         storage = self.provider.for_key(key)
         return await getattr(getattr(storage, part), method)(*args)
+
+    async def keys_with_jobs(self, statuses: list[JobStatus]) -> list[JobKey]:
+        return await self.provider.keys_with_jobs(statuses)
 
     async def import_modules(self, modules: list[str]) -> None:
         """Job modules added later: the store must resolve their type names too."""
@@ -115,6 +120,17 @@ class RemoteMemoryStorage(StorageProvider):
                 "the storage actor did not import job modules "
                 f"within {self.import_bound.seconds:g}s"
             ) from None
+
+    async def keys_with_jobs(self, statuses: Iterable[JobStatus]) -> list[JobKey]:
+        try:
+            keys: list[JobKey] = await self.bound(
+                self.actor.keys_with_jobs.remote(list(statuses)), STORAGE_ACTOR
+            )
+        except HostGone:
+            raise StorageUnavailableError(
+                f"the storage actor did not answer within {self.bound.seconds:g}s"
+            ) from None
+        return keys
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         bound = self.bound

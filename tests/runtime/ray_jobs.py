@@ -101,3 +101,33 @@ def gate() -> object:
         .options(name=GATE, namespace=GATE_NAMESPACE, lifetime="detached", num_cpus=0)
         .remote()
     )
+
+
+def kill_hosts(namespace: str = "choreography", *, workers: bool = False) -> None:
+    """Kill this node's controller host (and its worker hosts, with `workers`) and wait,
+    bounded, until Ray frees their names, so that the next `connect` starts new ones."""
+    import time
+
+    import ray
+
+    from choreography_ray.runtime.constants import WORKER_PREFIX, controller_name
+
+    names = [controller_name(ray.get_runtime_context().get_node_id())]
+    if workers:
+        names += [
+            actor["name"]
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == namespace and actor["name"].startswith(WORKER_PREFIX)
+        ]
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace=namespace))
+    deadline = time.monotonic() + 30
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"{name} still runs")

@@ -19,7 +19,7 @@ from choreography_ray.jobs import (
 from choreography_ray.jobs.state import JobKey
 
 from .conftest import ROOT
-from .ray_jobs import FanOut, FanOutJob
+from .ray_jobs import FanOut, FanOutJob, kill_hosts
 
 NAMESPACE = "client-tests"
 
@@ -71,8 +71,7 @@ def test_a_client_outlives_a_replaced_controller_host(jobs):
     assert jobs.wait(first, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
     name = controller_name(ray.get_runtime_context().get_node_id())
     old = ray.get_actor(name, namespace=NAMESPACE)
-    ray.kill(old)
-    _until_gone(name)
+    kill_hosts(NAMESPACE)
     cr.connect(namespace=NAMESPACE)  # starts a new controller host under the same name
     new = ray.get_actor(name, namespace=NAMESPACE)
     assert new._actor_id != old._actor_id
@@ -81,20 +80,6 @@ def test_a_client_outlives_a_replaced_controller_host(jobs):
     second = jobs.start(FanOutJob, FanOut(steps=3))
     assert jobs.wait(second, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
     assert len({j.id for j in jobs.list()} & {first, second}) == 2
-
-
-def _until_gone(name: str, within: float = 30.0) -> None:
-    """Ray frees a killed actor's name shortly after `ray.kill` returns."""
-    import ray
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{name} still runs")
 
 
 def test_joining_a_token_cluster_without_the_token_says_so_at_once(jobs):

@@ -3,6 +3,8 @@ for the module: the pass reaches the partition's jobs manager and says what it d
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from typer.testing import CliRunner
 
@@ -11,7 +13,7 @@ from choreography_ray.jobs import JobStatus
 from choreography_ray.jobs.errors import InvalidOptionError
 from choreography_ray.recovery.explicit import RehydrationSummary
 
-from .ray_jobs import FanOut, FanOutJob, gate
+from .ray_jobs import FanOut, FanOutJob, gate, kill_hosts
 
 runner = CliRunner()
 
@@ -21,7 +23,9 @@ def jobs(ray_instance, tmp_path_factory):
     import choreography_ray as cr
 
     database = tmp_path_factory.mktemp("rehydrate") / "jobs.db"
-    return cr.connect(f"sqlite:///{database}", modules=["tests.runtime.ray_jobs"])
+    client = cr.connect(f"sqlite:///{database}", modules=["tests.runtime.ray_jobs"])
+    client.storage_url = f"sqlite:///{database}"
+    return client
 
 
 def test_rehydrate_answers_what_the_pass_did(jobs):
@@ -58,3 +62,56 @@ def test_jobs_rehydrate_with_a_bad_timeout_is_a_one_line_error(jobs):
     assert result.exit_code == 1
     assert "timeout: must be a positive number of seconds, not 0.0" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_new_controller_recovers_partitions_the_configuration_never_named(jobs):
+    """The key catalog comes from storage: a partition missing from the cluster's
+    configuration (a whole-cluster restart keeps only the default one) is still recovered."""
+    import ray
+
+    import choreography_ray as cr
+    from choreography_ray.runtime.config import read_config, write_config
+    from choreography_ray.runtime.constants import NAMESPACE
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True), namespace="forgotten")
+        config = read_config(NAMESPACE)
+        write_config(
+            config.model_copy(
+                update={"keys": [k for k in config.keys if k.namespace != "forgotten"]}
+            ),
+            NAMESPACE,
+        )
+        kill_hosts(workers=True)  # as a restart would: the steps' runs are lost too
+        cr.connect(modules=["tests.runtime.ray_jobs"])  # starts a new controller host
+        ray.get(handle.open.remote())
+        # Read storage, not the client: a client call would activate the job by itself.
+        assert _stored_status(jobs.storage_url, job_id) == JobStatus.COMPLETED_SUCCESSFULLY
+    finally:
+        ray.kill(handle)
+
+
+def _stored_status(url: str, job_id: str, within: float = 30.0) -> JobStatus:
+    """The job's stored status once it is finished (bounded wait for the recovered job)."""
+    import asyncio
+    import time
+
+    from choreography_ray.jobs import JobKey
+    from choreography_ray.storage import open_storage
+
+    async def stored() -> Any:
+        provider = open_storage(url)
+        await provider.initialize()
+        try:
+            state = await provider.for_key(JobKey(namespace="forgotten")).jobs.find(job_id)
+            return state
+        finally:
+            await provider.close()
+
+    deadline = time.monotonic() + within
+    while True:
+        found = asyncio.run(stored())
+        if found.is_finished or time.monotonic() > deadline:
+            return found.status
+        time.sleep(0.2)
