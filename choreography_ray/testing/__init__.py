@@ -1,7 +1,27 @@
-"""Public helpers for testing jobs: an in-process cluster, fault injection, a fake clock."""
+"""Public helpers for testing jobs: an in-process cluster, fault injection, a fake clock, and a
+multi-node Ray on one machine (`MultiNodeCluster`, loaded on first use: the rest never imports
+Ray)."""
 
 from ..engine.clock import FakeClock
 from .cluster import InProcessCluster
 from .faults import WriteFaults
 
-__all__ = ["FakeClock", "InProcessCluster", "WriteFaults"]
+_RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RAY_CLUSTER:
+        from . import ray_cluster
+
+        return getattr(ray_cluster, name)
+    raise AttributeError(f"module 'choreography_ray.testing' has no attribute {name!r}")
+
+
+__all__ = [
+    "ClusterNode",  # loaded on first use (see __getattr__), like the other two
+    "FakeClock",
+    "HealthChecks",
+    "InProcessCluster",
+    "MultiNodeCluster",
+    "WriteFaults",
+]

@@ -1,0 +1,415 @@
+"""A multi-node Ray on one machine, for tests of what the job system does when nodes and host
+processes die.
+
+Built on Ray's `ray.cluster_utils.Cluster`: every node is a raylet of its own on this machine,
+declaring its role through the custom resources placement reads (`choreography_controller`,
+`choreography_worker`). The head starts with lowered health-check settings, so that Ray
+declares a killed node dead in about a second and a half instead of about fifteen.
+
+    with MultiNodeCluster("sqlite:///jobs.db", modules=["my_jobs"]) as cluster:
+        job_id = cluster.jobs.start(MyJob, MyRequest())
+        cluster.remove_node("worker")       # SIGKILL of the last worker node's processes
+        cluster.kill_host(name)             # SIGKILL of one host actor's process
+        cluster.restart()                   # the whole cluster again, over the same storage
+
+Faults are abrupt (SIGKILL), as real ones are. The helper kills only processes of its own
+cluster, never another Ray on the machine, and leaves Ray's "current cluster" address file as
+it found it, so that a `ray.init()` elsewhere on the machine never joins this cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import ray
+from ray._private.ray_constants import PROCESS_TYPE_RAYLET
+from ray.cluster_utils import Cluster
+
+from ..jobs.errors import ConfigurationError
+from ..jobs.options import JobsOptions
+from ..placement.roles import CONTROLLER_RESOURCE, WORKER_RESOURCE
+from ..runtime.client import Jobs
+from ..runtime.connection import connect
+from ..runtime.constants import NAMESPACE
+from ..runtime.directory import actor_names
+from ..storage.url import StorageURL
+
+Role = Literal["controller", "worker", "both", "none"]
+
+_RESOURCES: dict[str, dict[str, float]] = {
+    "controller": {CONTROLLER_RESOURCE: 1},
+    "worker": {WORKER_RESOURCE: 1},
+    "both": {CONTROLLER_RESOURCE: 1, WORKER_RESOURCE: 1},
+    "none": {},
+}
+
+_POLL_SECONDS = 0.05
+_EXIT_SECONDS = 10.0
+"""How long a killed process, or a host actor's process after its node, may take to exit."""
+
+
+@dataclass(frozen=True)
+class HealthChecks:
+    """How quickly Ray's control store declares a node dead: it checks every node's raylet
+    each `period_ms`, a check failing after `timeout_ms`, and declares the node dead after
+    `failure_threshold` failed checks in a row. Ray's own defaults (3 s, 10 s, 5) take about
+    15 s for a killed node; these take about 1.5 s."""
+
+    period_ms: int = 500
+    timeout_ms: int = 500
+    failure_threshold: int = 3
+
+    def system_config(self) -> dict[str, int]:
+        """The head node's `_system_config` (`ray start --system-config` takes the same keys)."""
+        return {
+            "health_check_period_ms": self.period_ms,
+            "health_check_timeout_ms": self.timeout_ms,
+            "health_check_failure_threshold": self.failure_threshold,
+        }
+
+    @property
+    def detection_seconds(self) -> float:
+        """The longest Ray should take to declare a killed node dead."""
+        return (self.period_ms * self.failure_threshold + self.timeout_ms) / 1000
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """A node of the cluster as started: its Ray node id and the role it declares."""
+
+    node_id: str
+    role: Role
+    head: bool
+
+
+class MultiNodeCluster:
+    """A head and more nodes on this machine, each declaring a role, with the job system
+    connected over `storage`; `nodes[0]` is the head, which the driver is attached to.
+
+    `start()` (or entering the context) starts Ray and the hosts; `shutdown()` (or leaving
+    it) stops every process the cluster started, whatever happened before.
+    """
+
+    def __init__(
+        self,
+        storage: str,
+        *,
+        nodes: Sequence[Role] = ("controller", "worker", "worker"),
+        namespace: str = NAMESPACE,
+        modules: Sequence[str] = (),
+        options: JobsOptions | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        cpus_per_node: int = 1,
+        health: HealthChecks | None = None,
+        node_timeout: float = 30.0,
+    ) -> None:
+        self.storage = _durable_storage(storage)
+        self.layout: tuple[Role, ...] = _checked_layout(nodes)
+        self.namespace = namespace
+        self.modules = list(modules)
+        self.options = options
+        self.runtime_env = runtime_env
+        self.cpus_per_node = cpus_per_node
+        self.health = health or HealthChecks()
+        self.node_timeout = node_timeout
+        self._cluster: Cluster | None = None
+        self._nodes: dict[str, tuple[ClusterNode, Any]] = {}
+        self._removed_at: dict[str, float] = {}
+        self._jobs: Jobs | None = None
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> MultiNodeCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def start(self) -> Jobs:
+        """Start the nodes of the layout and connect the job system; returns its client."""
+        if self._cluster is not None:
+            raise RuntimeError("this cluster is running already")
+        if ray.is_initialized():
+            raise RuntimeError("this process is connected to a Ray already (ray.shutdown() it)")
+        try:
+            self._start_nodes()
+            self._jobs = connect(
+                self.storage,
+                address=self.address,
+                namespace=self.namespace,
+                options=self.options,
+                modules=self.modules,
+                runtime_env=self.runtime_env,
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        return self._jobs
+
+    def restart(self) -> Jobs:
+        """Shut the whole cluster down and start it again with the same layout, over the same
+        storage: a whole-cluster restart, as after a power cut. Node ids change."""
+        self.shutdown()
+        return self.start()
+
+    def shutdown(self) -> None:
+        """Stop the driver's Ray and every process of the cluster; waits are bounded, and every
+        part runs even when an earlier one failed."""
+        cluster, self._cluster = self._cluster, None
+        self._jobs = None
+        if cluster is None:
+            return
+        workers = _children(*self.process_ids(PROCESS_TYPE_RAYLET))
+        address = cluster.address
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        with _ray_address_file_kept(lambda: address):
+            for node in [*cluster.worker_nodes]:
+                with contextlib.suppress(Exception):
+                    cluster.remove_node(node, allow_graceful=False)
+            if cluster.head_node is not None:
+                with contextlib.suppress(Exception):
+                    cluster.remove_node(cluster.head_node, allow_graceful=False)
+            with contextlib.suppress(Exception):
+                cluster.shutdown()  # resets what Ray keeps of it in this process
+        # A worker process exits once its raylet is gone; one that does not is ended here.
+        for pid in _still_running(workers, _EXIT_SECONDS):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._nodes.clear()
+        self._removed_at.clear()
+
+    def _start_nodes(self) -> None:
+        with _ray_address_file_kept(lambda: self._cluster and self._cluster.address):
+            self._cluster = Cluster(shutdown_at_exit=True)
+            for index, role in enumerate(self.layout):
+                args: dict[str, Any] = {
+                    "num_cpus": self.cpus_per_node,
+                    "resources": dict(_RESOURCES[role]),
+                }
+                if index == 0:
+                    args["include_dashboard"] = False
+                    args["_system_config"] = self.health.system_config()
+                node = self._cluster.add_node(wait=True, **args)
+                self._nodes[node.node_id] = (ClusterNode(node.node_id, role, index == 0), node)
+            self._cluster.wait_for_nodes(timeout=self.node_timeout)
+
+    # -- what runs --------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> Jobs:
+        if self._jobs is None:
+            raise RuntimeError("the cluster is not running (start() it)")
+        return self._jobs
+
+    @property
+    def address(self) -> str:
+        if self._cluster is None or self._cluster.address is None:
+            raise RuntimeError("the cluster is not running (start() it)")
+        return str(self._cluster.address)
+
+    def nodes(self, role: Role | None = None) -> list[ClusterNode]:
+        """The nodes started and not removed, in the layout's order; with `role`, those that
+        declare it ("both" counts as either)."""
+        found = [node for node, _ in self._nodes.values()]
+        if role is None:
+            return found
+        return [node for node in found if _takes(node.role, role)]
+
+    def host_names(self) -> list[str]:
+        """The host actors of the job system that Ray lists now, by name."""
+        return actor_names(self.namespace)
+
+    def process_ids(self, kind: str | None = None) -> list[int]:
+        """The Ray processes of every node not removed (control store, raylet, agents); with
+        `kind`, those of one kind ("raylet", "gcs_server"). Worker processes are not listed."""
+        return [
+            info.process.pid
+            for _, node in self._nodes.values()
+            for found, infos in node.all_processes.items()
+            if kind is None or found == kind
+            for info in infos
+        ]
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def remove_node(self, which: str) -> str:
+        """Kill every process of a node at once (SIGKILL), as a machine that dies; returns its
+        node id. `which` is a node id, or a role: the last node that declares it. The head,
+        which the driver is attached to, cannot be removed."""
+        entry = self._nodes.get(which)
+        if entry is None:
+            candidates = [
+                node
+                for node, _ in self._nodes.values()
+                if not node.head and _takes(node.role, which)
+            ]
+            if not candidates:
+                raise ValueError(
+                    f"no node to remove for {which!r}: neither a node id of this cluster nor a "
+                    "role that a node besides the head declares"
+                )
+            entry = self._nodes[candidates[-1].node_id]
+        described, node = entry
+        if described.head:
+            raise ValueError("the head node cannot be removed: the driver is attached to it")
+        assert self._cluster is not None
+        workers = _children(node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid)
+        self._cluster.remove_node(node, allow_graceful=False)
+        # The node's worker processes (its host actors) die with it, as on a lost machine; the
+        # raylet goes first, so Ray learns of a dead node rather than of dead actors.
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._removed_at[described.node_id] = time.monotonic()
+        del self._nodes[described.node_id]
+        return described.node_id
+
+    def wait_node_dead(self, node_id: str, timeout: float | None = None) -> float:
+        """Wait until Ray declares a removed node dead; returns the seconds from its removal.
+        Raises TimeoutError after `timeout` (three detection times and 5 s, by default)."""
+        removed = self._removed_at.get(node_id)
+        if removed is None:
+            raise ValueError(f"node {node_id} was not removed by this cluster")
+        bound = timeout if timeout is not None else 3 * self.health.detection_seconds + 5
+        deadline = removed + bound
+        while True:
+            if not any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes()):
+                return time.monotonic() - removed
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"Ray did not declare node {node_id} dead within {bound} s")
+            time.sleep(_POLL_SECONDS)
+
+    def host_pid(self, name: str) -> int:
+        """The process id of the live host actor `name`, from Ray's actor table."""
+        try:
+            handle = ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            raise ValueError(
+                f"no live actor named {name!r} in Ray namespace {self.namespace!r}"
+            ) from None
+        assert self._cluster is not None
+        entry = self._cluster.global_state.actor_table(handle._actor_id.hex())
+        if not entry or entry.get("State") != "ALIVE" or not entry.get("Pid"):
+            raise ValueError(f"actor {name!r} has no live process")
+        return int(entry["Pid"])
+
+    def kill_host(self, name: str) -> int:
+        """SIGKILL the process of host actor `name`, as a crash of that process alone (its
+        node lives); returns the process id, once the process is gone."""
+        pid = self.host_pid(name)
+        self._kill(pid)
+        if _still_running({pid}, _EXIT_SECONDS):
+            raise TimeoutError(f"process {pid} of {name!r} did not exit within {_EXIT_SECONDS} s")
+        return pid
+
+    def _kill(self, pid: int) -> None:
+        """SIGKILL `pid` if it is a process of this cluster (a child of one of its raylets),
+        never anything else on the machine."""
+        if _parent(pid) not in self.process_ids(PROCESS_TYPE_RAYLET):
+            raise ValueError(f"process {pid} is not a worker process of this cluster")
+        os.kill(pid, signal.SIGKILL)
+
+
+def _takes(declared: Role, wanted: str) -> bool:
+    """Whether a node that declares `declared` takes the role `wanted`."""
+    return wanted == declared or (declared == "both" and wanted in ("controller", "worker"))
+
+
+def _durable_storage(storage: str) -> str:
+    url = StorageURL(storage)
+    if url.scheme == "memory":
+        raise ConfigurationError(
+            f"storage {url.redacted}: memory:// lives in a Ray actor and does not outlive the "
+            "cluster; a restart needs storage outside Ray (sqlite:///..., postgresql://...)"
+        )
+    return storage
+
+
+def _checked_layout(nodes: Sequence[str]) -> tuple[Role, ...]:
+    layout = tuple(nodes)
+    for role in layout:
+        if role not in _RESOURCES:
+            raise ConfigurationError(
+                f"nodes: unknown role {role!r} (expected one of {', '.join(_RESOURCES)})"
+            )
+    if not any(role in ("controller", "both") for role in layout):
+        raise ConfigurationError(f"nodes: {list(layout)} has no controller node")
+    if not any(role in ("worker", "both") for role in layout):
+        raise ConfigurationError(f"nodes: {list(layout)} has no worker node")
+    return layout  # type: ignore[return-value]
+
+
+def _parent(pid: int) -> int | None:
+    """The parent process id of `pid` (Linux /proc), or None when it is gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name, in parentheses, may hold spaces: the fields after it are fixed.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _children(*parents: int) -> set[int]:
+    """The processes whose parent is one of `parents` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _parent(int(entry.name)) in parents:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _still_running(pids: set[int], timeout: float) -> set[int]:
+    """The processes of `pids` still running after up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    running = {pid for pid in pids if _alive(pid)}
+    while running and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)
+        running = {pid for pid in running if _alive(pid)}
+    return running
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _ray_address_file_kept(ours: Callable[[], str | None]) -> Iterator[None]:
+    """Put back Ray's "current cluster" address file as it was: `Cluster` writes its head's
+    address (`ours()`) there, and a `ray.init()` anywhere on this machine would then join this
+    cluster instead of starting its own; its shutdown deletes the file, whoever wrote it. An
+    address someone else wrote meanwhile is left alone."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    before = _read(path)
+    try:
+        yield
+    finally:
+        now = _read(path)
+        if now != before and now in (None, ours()):
+            with contextlib.suppress(OSError):
+                if before is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    path.write_text(before)
