@@ -13,8 +13,8 @@ declares a killed node dead in about a second and a half instead of about fiftee
         cluster.restart()                   # the whole cluster again, over the same storage
 
 Faults are abrupt (SIGKILL), as real ones are. The helper kills only processes of its own
-cluster, never another Ray on the machine, and leaves Ray's "current cluster" address file as
-it found it, so that a `ray.init()` elsewhere on the machine never joins this cluster.
+cluster, never another Ray on the machine, and keeps off Ray's "current cluster" address file,
+so that a `ray.init()` elsewhere on the machine never joins this cluster.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from unittest import mock
 
 import ray
+import ray._common.utils
+import ray._private.utils
 from ray._private.ray_constants import PROCESS_TYPE_RAYLET
 from ray.cluster_utils import Cluster
 
@@ -168,10 +171,9 @@ class MultiNodeCluster:
         if cluster is None:
             return
         workers = _children(*self.process_ids(PROCESS_TYPE_RAYLET))
-        address = cluster.address
         with contextlib.suppress(Exception):
             ray.shutdown()
-        with _ray_address_file_kept(lambda: address):
+        with _ray_address_file_untouched():
             for node in [*cluster.worker_nodes]:
                 with contextlib.suppress(Exception):
                     cluster.remove_node(node, allow_graceful=False)
@@ -180,15 +182,16 @@ class MultiNodeCluster:
                     cluster.remove_node(cluster.head_node, allow_graceful=False)
             with contextlib.suppress(Exception):
                 cluster.shutdown()  # resets what Ray keeps of it in this process
-        # A worker process exits once its raylet is gone; one that does not is ended here.
-        for pid in _still_running(workers, _EXIT_SECONDS):
+        # The worker processes go with their nodes (some take seconds to notice on their own).
+        for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        _still_running(workers, _EXIT_SECONDS)
         self._nodes.clear()
         self._removed_at.clear()
 
     def _start_nodes(self) -> None:
-        with _ray_address_file_kept(lambda: self._cluster and self._cluster.address):
+        with _ray_address_file_untouched():
             self._cluster = Cluster(shutdown_at_exit=True)
             for index, role in enumerate(self.layout):
                 args: dict[str, Any] = {
@@ -243,8 +246,8 @@ class MultiNodeCluster:
 
     def remove_node(self, which: str) -> str:
         """Kill every process of a node at once (SIGKILL), as a machine that dies; returns its
-        node id. `which` is a node id, or a role: the last node that declares it. The head,
-        which the driver is attached to, cannot be removed."""
+        node id once they are gone. `which` is a node id, or a role: the last node that declares
+        it. The head, which the driver is attached to, cannot be removed."""
         entry = self._nodes.get(which)
         if entry is None:
             candidates = [
@@ -269,6 +272,8 @@ class MultiNodeCluster:
         for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        if _still_running(workers, _EXIT_SECONDS):
+            raise TimeoutError(f"processes of node {described.node_id} outlived their SIGKILL")
         self._removed_at[described.node_id] = time.monotonic()
         del self._nodes[described.node_id]
         return described.node_id
@@ -386,30 +391,15 @@ def _still_running(pids: set[int], timeout: float) -> set[int]:
     return running
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
-def _ray_address_file_kept(ours: Callable[[], str | None]) -> Iterator[None]:
-    """Put back Ray's "current cluster" address file as it was: `Cluster` writes its head's
-    address (`ours()`) there, and a `ray.init()` anywhere on this machine would then join this
-    cluster instead of starting its own; its shutdown deletes the file, whoever wrote it. An
-    address someone else wrote meanwhile is left alone."""
-    from ray._common.utils import get_ray_address_file
-
-    path = Path(get_ray_address_file(None))
-    before = _read(path)
-    try:
+def _ray_address_file_untouched() -> Iterator[None]:
+    """Keep `Cluster` off Ray's "current cluster" file (`/tmp/ray/ray_current_cluster`): it
+    writes its head's address there, and for as long as the file names this cluster, a plain
+    `ray.init()` anywhere on the machine joins it instead of starting its own Ray; its shutdown
+    deletes the file, whoever wrote it. Nothing here reads the file: the driver joins by
+    address."""
+    with (
+        mock.patch.object(ray._private.utils, "write_ray_address", lambda *args, **kw: None),
+        mock.patch.object(ray._common.utils, "reset_ray_address", lambda *args, **kw: None),
+    ):
         yield
-    finally:
-        now = _read(path)
-        if now != before and now in (None, ours()):
-            with contextlib.suppress(OSError):
-                if before is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.write_text(before)
