@@ -26,6 +26,7 @@ ENV_PREFIX = "CHOREOGRAPHY_"
 _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _FOREVER = {"infinite", "forever", "never", "none", "off"}
+_PROVIDER_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -96,6 +97,9 @@ class JobsOptions(BaseModel):
     max_transient_retry_delay: timedelta = timedelta(seconds=5)
     host_call_timeout: timedelta = timedelta(seconds=10)
     """How long a host waits for another host's answer before treating it as gone."""
+    key_providers: tuple[str, ...] = ()
+    """Key providers every controller host asks for partitions to recover, as importable
+    `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
 
     @field_validator(
         "dead_job_threshold",
@@ -126,6 +130,22 @@ class JobsOptions(BaseModel):
         if duration <= timedelta(0):
             raise ValueError("must be positive: a call between hosts cannot wait forever")
         return duration
+
+    @field_validator("key_providers", mode="before")
+    @classmethod
+    def _provider_names(cls, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        names = value.split(",") if isinstance(value, str) else value
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"expected module:callable names, got {value!r}")
+        names = tuple(name.strip() for name in names if name.strip())
+        for name in names:
+            if not _PROVIDER_NAME.match(name):
+                raise ValueError(
+                    f"expected an importable callable as module:callable, got {name!r}"
+                )
+        return names
 
     @field_validator("terminal_job_retention", mode="before")
     @classmethod

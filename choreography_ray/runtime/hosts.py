@@ -131,7 +131,9 @@ class ControllerHost(_Host):
         restart, and the user's key providers)."""
         config, failed = await self._import_new_modules()
         if self.catalog is None:
-            self.catalog = KeyCatalogReader(self.provider, clock=self.clock)
+            self.catalog = KeyCatalogReader(
+                self.provider, names=self.options.key_providers, clock=self.clock
+            )
         found = await self.catalog.read()
         await self.partitions.recover(list(dict.fromkeys([*config.keys, *found.keys])))
         return failed

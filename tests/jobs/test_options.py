@@ -20,6 +20,7 @@ from choreography_ray.jobs import InvalidOptionError, JobsOptions, parse_duratio
 #   optional   a whole number, at least 1, or None
 #   size       a whole number of bytes, at least 0
 #   timeout    a positive timedelta (a wait that must end)
+#   names      importable module:callable names, as a list or comma-separated text
 SETTINGS: dict[str, tuple[str, Any]] = {
     "max_parallel_steps": ("optional", None),
     "dead_job_threshold": ("duration", timedelta(hours=1)),
@@ -46,6 +47,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "transient_retry_base_delay": ("duration", timedelta(milliseconds=100)),
     "max_transient_retry_delay": ("duration", timedelta(seconds=5)),
     "host_call_timeout": ("timeout", timedelta(seconds=10)),
+    "key_providers": ("names", ()),
 }
 
 # A valid value of each kind other than any default, as text and as what it reads as.
@@ -56,6 +58,7 @@ VALID_TEXT = {
     "optional": ("3", 3),
     "size": ("2048", 2048),
     "timeout": ("250ms", timedelta(milliseconds=250)),
+    "names": ("myapp.recovery:job_keys, other:keys", ("myapp.recovery:job_keys", "other:keys")),
 }
 VALID_TOML = {
     "duration": ('"90s"', timedelta(seconds=90)),
@@ -64,6 +67,7 @@ VALID_TOML = {
     "optional": ("3", 3),
     "size": ("0", 0),
     "timeout": ('"90s"', timedelta(seconds=90)),
+    "names": ('["myapp.recovery:job_keys"]', ("myapp.recovery:job_keys",)),
 }
 
 # Bad values of each kind: in code, as environment text and as TOML.
@@ -74,6 +78,7 @@ BAD_IN_CODE = {
     "optional": [0, -1, "many", 1.5, [1], True],
     "size": [-1, "big", 1.5, [1], True],
     "timeout": [0, -1, "0s", "never", "soon", [10], True, float("inf"), None],
+    "names": ["job_keys", "a b:c", "m:", [1], True, 3],
 }
 BAD_IN_ENV = {
     "duration": ["-5s", "soon", "10 weeks", "99999999999d"],
@@ -82,6 +87,7 @@ BAD_IN_ENV = {
     "optional": ["0", "many"],
     "size": ["-1", "big"],
     "timeout": ["0", "0s", "-5s", "never", "soon"],
+    "names": ["job_keys", "m:f, oops", "a/b:c"],
 }
 BAD_IN_TOML = {
     "duration": ["-1", '"-5s"', '"soon"', "[10]", "true", "inf"],
@@ -90,6 +96,7 @@ BAD_IN_TOML = {
     "optional": ["0", '"many"', "true"],
     "size": ["-1", '"big"', "true"],
     "timeout": ["0", '"0s"', '"never"', "true"],
+    "names": ['"job_keys"', "[1]", "true"],
 }
 
 
