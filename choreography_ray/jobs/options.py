@@ -26,7 +26,8 @@ ENV_PREFIX = "CHOREOGRAPHY_"
 _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _FOREVER = {"infinite", "forever", "never", "none", "off"}
-_PROVIDER_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+CALLABLE_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+"""An importable callable named as `module:callable`, e.g. `myapp.recovery:job_keys`."""
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -141,7 +142,7 @@ class JobsOptions(BaseModel):
             raise ValueError(f"expected module:callable names, got {value!r}")
         names = tuple(name.strip() for name in names if name.strip())
         for name in names:
-            if not _PROVIDER_NAME.match(name):
+            if not CALLABLE_NAME.match(name):
                 raise ValueError(
                     f"expected an importable callable as module:callable, got {name!r}"
                 )

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -28,6 +27,7 @@ from typing import Any
 from ..engine.clock import Clock, SystemClock
 from ..engine.manager import INTERRUPTED_STATUSES
 from ..jobs.errors import ConfigurationError
+from ..jobs.options import CALLABLE_NAME
 from ..jobs.state import JobKey
 from ..storage.provider import StorageProvider
 from ..storage.retry import one_line
@@ -51,8 +51,6 @@ KeyProvider = Callable[[], Any]
 """Returns an iterable (or async iterable, or an awaitable of an iterable) of `JobKey`s or
 `(scope, namespace)` pairs."""
 
-_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
 
 @dataclass(frozen=True)
 class KeyCatalog:
@@ -72,7 +70,7 @@ def named_provider(name: str) -> EntryPoint:
 
     Raises `ConfigurationError` at once for a name of any other form.
     """
-    if not isinstance(name, str) or not _NAME.match(name.strip()):
+    if not isinstance(name, str) or not CALLABLE_NAME.match(name.strip()):
         raise ConfigurationError(
             f"key provider {name!r}: expected an importable callable as module:callable, "
             "e.g. myapp.recovery:job_keys"

@@ -101,13 +101,8 @@ def _stored_status(url: str, job_id: str, within: float = 30.0) -> JobStatus:
     from choreography_ray.storage import open_storage
 
     async def stored() -> Any:
-        provider = open_storage(url)
-        await provider.initialize()
-        try:
-            state = await provider.for_key(JobKey(namespace="forgotten")).jobs.find(job_id)
-            return state
-        finally:
-            await provider.close()
+        async with open_storage(url) as provider:
+            return await provider.for_key(JobKey(namespace="forgotten")).jobs.find(job_id)
 
     deadline = time.monotonic() + within
     while True:
