@@ -277,6 +277,21 @@ class _Probe:
         return self.epoch
 
 
+def _wait_dead(probe, within: float = 30.0) -> None:
+    """Until a killed actor stops answering: a call sent just after `ray.kill` may still be served."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            ray.get(probe.ping.remote(), timeout=within)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"the killed actor still answered after {within} s")
+
+
 def test_the_routing_table_finds_hosts_once_and_drops_a_dead_one(ray_instance):
     import asyncio
 
@@ -313,6 +328,7 @@ def test_the_routing_table_finds_hosts_once_and_drops_a_dead_one(ray_instance):
                 assert await routes.call(names[0], "ping") == 0
             assert directory.readings == 1
             ray.kill(probes[1])
+            await asyncio.to_thread(_wait_dead, probes[1])  # ray.kill is asynchronous
             with pytest.raises(ray.exceptions.RayActorError):
                 await routes.call(names[1], "ping")
             assert routes.workers == names[:1]
