@@ -145,6 +145,36 @@ class JobActivation:
         async with self._core.turn:
             return await self._resuming.resume()
 
+    async def hosts_lost(self, hosts: frozenset[str]) -> int:
+        """Worker hosts that are gone: the starts they took are sent again (a running job) or
+        counted as stopped (a job being stopped: nothing runs there any more). Returns how
+        many steps were affected."""
+        async with self._core.turn:
+            record = self._record
+            if record.released:
+                return 0
+            lost = self._core.ledger.lose(hosts)
+            if not lost:
+                return 0
+            status = record.state.status
+            self._core.log.warning(
+                "job %s: %d step(s) ran on lost host(s) %s; %s",
+                self.id,
+                len(lost),
+                ", ".join(sorted(hosts)),
+                "sending them again" if status == JobStatus.RUNNING else "counting them stopped",
+            )
+            try:
+                if status == JobStatus.RUNNING:
+                    self._stages.send_again(lost)
+                    await self._stages.advance(dispatch_failures_fail=False)
+                elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
+                    await self._stopping.lost([step_id for step_id, _ in lost])
+                await record.save_progress()
+            except Released:
+                pass
+            return len(lost)
+
     # -- reports --------------------------------------------------------------------------------
 
     def deliver(self, reports: Sequence[StepReport]) -> None:

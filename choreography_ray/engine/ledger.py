@@ -27,6 +27,8 @@ class Tracked:
     stage: int
     attempt: int
     generation: int
+    host: str = ""
+    """The worker host that took the start; empty until it answered."""
 
 
 class StepLedger:
@@ -41,6 +43,12 @@ class StepLedger:
         self.counted: set[str] = set()
         self.next_attempt: dict[str, int] = {}
         self.retries: dict[str, asyncio.Task[None]] = {}
+        self.sticky: dict[str, str] = {}
+        """Steps whose last run a recount found on a worker host (its stored lease): the next
+        start goes back to that host while it lives, so a run is never doubled elsewhere."""
+        self.losses: list[str] = []
+        """Every worker host this activation was told it lost, in order: a dispatch answered
+        after a loss sends again what went to that host."""
         self.current: int | None = None
         """The stage cursor: the stage being run, None before the first one opens."""
         self.loaded = False
@@ -106,6 +114,33 @@ class StepLedger:
         """Steps are tracked, waiting to be sent or waiting out a backoff in this activation."""
         return bool(self.tracked or self.waiting or self.retries)
 
+    def place(self, hosts: dict[str, list[str]], generation: int) -> None:
+        """Record which worker host took which of this execution's starts."""
+        tracked = self.tracked
+        for host, step_ids in hosts.items():
+            for step_id in step_ids:
+                entry = tracked.get(step_id)
+                if entry is not None and entry.generation == generation:
+                    entry.host = host
+
+    def lose(self, hosts: Iterable[str], *, again: bool = False) -> list[tuple[str, int]]:
+        """Forget the starts that went to `hosts`, which are gone; they are to be sent again
+        (same attempt: the run was interrupted, it did not fail). `again`: a loss already
+        recorded, applied to answers that came back after it."""
+        gone = set(hosts)
+        if not again:
+            self.losses.extend(sorted(gone))
+        lost = [
+            (step_id, entry.attempt)
+            for step_id, entry in self.tracked.items()
+            if entry.host in gone
+        ]
+        for step_id, _ in lost:
+            del self.tracked[step_id]
+        for step_id in [s for s, host in self.sticky.items() if host in gone]:
+            del self.sticky[step_id]
+        return lost
+
     def cancel_retries(self) -> None:
         for task in self.retries.values():
             task.cancel()
@@ -130,6 +165,7 @@ class StepLedger:
         self.counted.clear()
         self.tracked.clear()
         self.waiting.clear()
+        self.sticky.clear()
         outcomes: list[tuple[int, JobStepStatus]] = []
         pending: Pending = {}
         for step in steps:
@@ -146,6 +182,8 @@ class StepLedger:
             else:
                 # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
                 pending.setdefault(step.stage, []).append((step.id, max(1, step.attempt)))
+                if status == JobStepStatus.RUNNING and step.lease is not None and step.lease.host:
+                    self.sticky[step.id] = step.lease.host
         self.current = None
         self.next_attempt = {
             step_id: attempt

@@ -299,6 +299,19 @@ class JobsManager:
                     log.warning("job %s could not be recovered for a report: %s", job_id, error)
         live.deliver(reports)
 
+    async def hosts_lost(self, hosts: frozenset[str]) -> int:
+        """Worker hosts that are gone: every live activation sends their starts again (or, for
+        a job being stopped, counts them stopped). Returns how many steps were affected."""
+        affected = 0
+        for activation in list(self._activations.values()):
+            if activation.released:
+                continue
+            try:
+                affected += await activation.hosts_lost(hosts)
+            except Exception:
+                log.exception("job %s: handling lost hosts failed", activation.id)
+        return affected
+
     # -- cleanup ------------------------------------------------------------------------------
 
     async def cleanup(self) -> CleanupReport:

@@ -30,6 +30,8 @@ class StartOutcome(IntEnum):
     ALREADY_STARTED = 1
     COMPLETED = 2
     FAILED = 3
+    RUNNING_ELSEWHERE = 4
+    """Another live host runs the step (its `reason` names the host): the job tracks it there."""
 
 
 class StartResult(NamedTuple):
@@ -71,6 +73,9 @@ class StopResult:
     stopping: list[str] = field(default_factory=list)
     """Steps whose runs were told to stop; each reports once it settles."""
     not_running: list[str] = field(default_factory=list)
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+    """Which worker host is stopping which steps (filled in by the dispatcher), so a host lost
+    mid-stop is known to have taken its steps with it."""
 
 
 # -- across processes ---------------------------------------------------------------------------

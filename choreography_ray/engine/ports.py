@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..jobs.state import JobKey
 from .messages import StartResult, StepReport, StepStart, StopRequest, StopResult
 
 
+@dataclass(slots=True)
+class Dispatched:
+    """Where a batch of starts went, and the results of those that did not simply start."""
+
+    results: list[StartResult] = field(default_factory=list)
+    """A start without one started; a dispatcher may also answer every start."""
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+    """The ids of the steps each worker host took: the job sends a step back to the host that
+    runs it (sticky dispatch), and knows whose steps to send again when a host is lost."""
+    undelivered: list[StepStart] = field(default_factory=list)
+    """Starts no host took (its call failed); `error` says why."""
+    error: BaseException | None = None
+
+
 class StepDispatcher(Protocol):
     """Carries a job's step starts and stops to the workers that run them."""
 
     async def start_steps(
-        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
-    ) -> list[StartResult]:
-        """Results of the starts that did not simply start (a start without one started);
-        a dispatcher may also answer every start."""
+        self,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: Sequence[StepStart],
+        sticky: Mapping[str, str],
+    ) -> Dispatched:
+        """Send `starts` to worker hosts; a step named in `sticky` goes to that host while it
+        is alive (it may run the step already), any other to any eligible host."""
         ...
 
     async def stop_steps(self, request: StopRequest) -> StopResult: ...
@@ -26,3 +46,14 @@ class JobReporter(Protocol):
     """Carries step outcomes back to their job's live activation."""
 
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None: ...
+
+
+class StepPeers(Protocol):
+    """Asks another worker host which steps it runs, before a step is started twice."""
+
+    async def running(
+        self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]
+    ) -> tuple[str, list[str]]:
+        """That host's activation id and which of `step_ids` of the job it runs; raises when
+        the host is gone or does not answer in time."""
+        ...

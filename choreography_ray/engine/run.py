@@ -87,6 +87,7 @@ class RunHost(Protocol):
     clock: Clock
     node_id: str
     activation_id: str
+    host: str
     sync_runner: SyncStepRunner
     metrics: StepMetrics
 
@@ -185,6 +186,7 @@ class StepRun(StepContext):
         )
         if self._checkpoints % every == 0:
             self._unwritten = False
+            self._renew_lease()
             self._write_later()
             return
         self._unwritten = True
@@ -199,7 +201,19 @@ class StepRun(StepContext):
         )
         if not self.closed and self._unwritten:
             self._unwritten = False
+            self._renew_lease()
             self._write_later()
+
+    def _renew_lease(self) -> None:
+        """With leases on, a state write carries a fresh heartbeat once a third of the lease
+        timeout has passed since the last one (the seed's renewal rule)."""
+        timeout = self.worker.options.step_lease_timeout
+        lease = self.record.state.lease
+        if timeout <= timedelta(0) or lease is None:
+            return
+        now = self.worker.clock.now()
+        if now - lease.heartbeat >= timeout / 3:
+            self._set(lease=lease.model_copy(update={"heartbeat": now}))
 
     def progress(self, percentage: float, message: str = "") -> None:
         self.worker.call_soon(self._progress, percentage, message)
@@ -319,13 +333,17 @@ class StepRun(StepContext):
         self._user_state = user_state
         if self.cancelled:
             return self._settle_stopped(step)
-        lease = None
-        if self.worker.options.step_lease_timeout > timedelta(0):
-            lease = StepLease(
-                node=self.worker.node_id,
-                activation=self.worker.activation_id,
-                heartbeat=self.worker.clock.now(),
-            )
+        # Who runs the step, always: a job that sends the step again sends it back here, and
+        # another worker asked to run it asks this host first. The heartbeat is renewed only
+        # with leases on (`step_lease_timeout`).
+        worker = self.worker
+        lease = trusted(
+            StepLease,
+            node=worker.node_id,
+            activation=worker.activation_id,
+            heartbeat=worker.clock.now(),
+            host=worker.host,
+        )
         self._set(attempt=self.attempt, generation=self.generation, lease=lease, error=None)
         self._status(JobStepStatus.RUNNING)
         self._write_later()  # the outcome's write follows it in order, and is waited for

@@ -14,6 +14,7 @@ from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore, save_all
 from .ledger import Tracked
 from .messages import StartOutcome, StartResult, StepReport, StepStart
 from .outcomes import Outcomes
+from .ports import Dispatched
 from .record import Released
 
 
@@ -138,15 +139,22 @@ class Stages:
             tracked[start.step_id] = Tracked(
                 stage_of.get(start.step_id, 0), start.attempt, generation
             )
+        sticky = {}
+        if ledger.sticky:
+            for start in chosen:
+                host = ledger.sticky.pop(start.step_id, None)
+                if host is not None:
+                    sticky[start.step_id] = host
         batches = [chosen[i : i + DISPATCH_BATCH] for i in range(0, len(chosen), DISPATCH_BATCH)]
         limit = asyncio.Semaphore(core.ctx.options.max_concurrent_step_starts)
         job_type = self.record.state.type
+        losses = len(ledger.losses)
 
-        async def send(batch: list[StepStart]) -> list[StartResult] | BaseException:
+        async def send(batch: list[StepStart]) -> Dispatched | BaseException:
             async with limit:
                 try:
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch
+                        core.ctx.key, core.id, job_type, batch, sticky
                     )
                 except Exception as error:
                     return error
@@ -160,9 +168,24 @@ class Stages:
             if isinstance(answer, BaseException):
                 failed += await self._undelivered(batch, answer, failures_fail)
                 continue
-            for result in answer:
+            ledger.place(answer.hosts, generation)
+            for result in answer.results:
                 failed += await self._started(result)
+            if answer.undelivered:
+                error = answer.error or ConnectionError("no worker host took the starts")
+                failed += await self._undelivered(answer.undelivered, error, failures_fail)
+        if len(ledger.losses) > losses:
+            # A host was lost while the answers were on their way: what it took goes again.
+            self.send_again(ledger.lose(ledger.losses[losses:], again=True))
         return failed
+
+    def send_again(self, steps: list[tuple[str, int]]) -> None:
+        """Queue interrupted starts (a lost host's) first, under their attempt; the caller
+        advances the job."""
+        counted = self.ledger.counted
+        self.ledger.waiting.extendleft(
+            (step_id, attempt) for step_id, attempt in reversed(steps) if step_id not in counted
+        )
 
     async def _outside_turn(self, waiting: Any) -> Any:
         """Await workers' answers without holding the job's turn.
@@ -189,6 +212,11 @@ class Stages:
 
     async def _started(self, result: StartResult) -> int:
         if result.outcome in (StartOutcome.STARTED, StartOutcome.ALREADY_STARTED):
+            return 0
+        if result.outcome == StartOutcome.RUNNING_ELSEWHERE:
+            entry = self.ledger.tracked.get(result.step_id)
+            if entry is not None:
+                entry.host = result.reason  # its live run reports from there
             return 0
         if result.outcome == StartOutcome.COMPLETED and result.report is not None:
             if await self.outcomes.handle(result.report):

@@ -110,6 +110,7 @@ class Stopping:
         state = self.record.state
         ledger = self.ledger
         stopping: set[str] = set()
+        placed: dict[str, list[str]] = {}
         if candidates:
             try:
                 answer = await core.ctx.dispatcher.stop_steps(
@@ -122,6 +123,7 @@ class Stopping:
                     )
                 )
                 stopping = set(answer.stopping)
+                placed = answer.hosts
             except Exception:
                 core.log.exception("job %s: telling workers to stop failed", core.id)
         for step_id in stopping:
@@ -129,8 +131,25 @@ class Stopping:
                 ledger.tracked[step_id] = Tracked(
                     ledger.stage_of.get(step_id, 0), 1, state.execution_generation
                 )
+        ledger.place(placed, state.execution_generation)
+        await self._count_stopped(sorted(candidates - stopping), removing=removing)
+        await self.finish_if_settled()
+        await self.record.save_progress()
+
+    async def lost(self, step_ids: list[str]) -> None:
+        """Steps whose worker host is gone while the job stops: nothing runs them any more,
+        so they count as stopped, and the stop finishes once the others have reported."""
+        await self._count_stopped(
+            sorted(step_ids), removing=self.record.state.status == JobStatus.REMOVING
+        )
+        await self.finish_if_settled()
+
+    async def _count_stopped(self, step_ids: list[str], *, removing: bool) -> None:
+        """Count steps that run nowhere as stopped, once per execution."""
+        state = self.record.state
+        ledger = self.ledger
         status = JobStepStatus.REMOVING if removing else JobStepStatus.STOPPED
-        for step_id in sorted(candidates - stopping):
+        for step_id in step_ids:
             ledger.tracked.pop(step_id, None)
             if step_id in ledger.counted or step_id in state.stopped_steps_counted:
                 continue
@@ -145,8 +164,6 @@ class Stopping:
                     name=ledger.names.get(step_id, ""),
                 )
             )
-        await self.finish_if_settled()
-        await self.record.save_progress()
 
     async def finish_if_settled(self) -> None:
         """Once no step runs any more: `on_stopped`, and a removal clears the job."""

@@ -31,7 +31,7 @@ from .messages import (
     StopRequest,
     StopResult,
 )
-from .ports import JobReporter
+from .ports import JobReporter, StepPeers
 from .run import (
     CallbackRejected,
     RunKey,
@@ -64,6 +64,8 @@ class StepWorker:
         sync_runner: SyncStepRunner | None = None,
         node_id: str = "local",
         activation_id: str = "local",
+        host: str = "local",
+        peers: StepPeers | None = None,
     ) -> None:
         self.storage_for = storage_for
         self.registry = registry
@@ -74,6 +76,9 @@ class StepWorker:
         self.sync_runner = sync_runner or SyncStepRunner()
         self.node_id = node_id
         self.activation_id = activation_id
+        self.host = host
+        """This worker host's name: written in the lease of every step it runs."""
+        self.peers = peers
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queue = RunQueue()
@@ -173,14 +178,68 @@ class StepWorker:
             state.id: state
             for state in await storage.steps.get_many(job_id, [s.step_id for s in starts])
         }
+        elsewhere = await self._running_elsewhere(job_key, job_id, stored)
         queued: list[StepRun] = []
         results = [
-            self._start_one(job_key, job_id, start, stored.get(start.step_id), queued)
+            StartResult(
+                start.step_id, StartOutcome.RUNNING_ELSEWHERE, reason=elsewhere[start.step_id]
+            )
+            if start.step_id in elsewhere
+            else self._start_one(job_key, job_id, start, stored.get(start.step_id), queued)
             for start in starts
         ]
         self._queue.extend((job_key, job_id), queued)
         self._pump()
         return results
+
+    async def _running_elsewhere(
+        self, job_key: JobKey, job_id: str, stored: dict[str, JobStepState]
+    ) -> dict[str, str]:
+        """Steps whose record says another live worker host runs them, and which host: that
+        host is asked (one call per host), and a step it still runs is not started here, so
+        its work never runs twice at once. A host that is gone or does not answer runs
+        nothing."""
+        if self.peers is None:
+            return {}
+        asked: dict[str, list[JobStepState]] = {}
+        for state in stored.values():
+            lease = state.lease
+            if (
+                state.status == JobStepStatus.RUNNING
+                and lease is not None
+                and lease.host
+                and lease.host != self.host  # this name's earlier incarnation runs nothing
+            ):
+                asked.setdefault(lease.host, []).append(state)
+        if not asked:
+            return {}
+
+        async def ask(host: str, states: list[JobStepState]) -> dict[str, str]:
+            assert self.peers is not None
+            try:
+                activation, running = await self.peers.running(
+                    host, job_key, job_id, [state.id for state in states]
+                )
+            except Exception:
+                return {}
+            runs = set(running)
+            return {
+                state.id: host
+                for state in states
+                if state.id in runs
+                and state.lease is not None
+                and state.lease.activation == activation
+            }
+
+        found: dict[str, str] = {}
+        for answer in await asyncio.gather(*(ask(h, s) for h, s in asked.items())):
+            found.update(answer)
+        return found
+
+    def running(self, job_key: JobKey, job_id: str, step_ids: Sequence[str]) -> list[str]:
+        """Which of `step_ids` of the job have a run here (performing, queued or settling)."""
+        runs = self._runs
+        return [s for s in step_ids if RunKey(job_key, job_id, s) in runs]
 
     def _start_one(
         self,

@@ -201,6 +201,9 @@ class StepLease(_Model):
     node: str
     activation: str
     heartbeat: datetime
+    host: str = ""
+    """The worker host that runs the step (empty in records of earlier releases): a start
+    sent again goes back to it while it lives."""
 
     _utc = field_validator("heartbeat")(classmethod(lambda cls, v: utc(v)))
 

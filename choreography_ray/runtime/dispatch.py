@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from ..engine.messages import (
-    StartResult,
     StepReport,
     StepStart,
     StopRequest,
@@ -18,6 +17,7 @@ from ..engine.messages import (
     pack_reports,
     pack_starts,
 )
+from ..engine.ports import Dispatched
 from ..jobs.errors import NoEligibleJobWorker
 from ..jobs.state import JobKey
 from .routes import Routes
@@ -42,34 +42,64 @@ class RayDispatcher:
         return self.routes.workers
 
     async def start_steps(
-        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
-    ) -> list[StartResult]:
+        self,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: Sequence[StepStart],
+        sticky: Mapping[str, str],
+    ) -> Dispatched:
         workers = await self._workers()
-        # Spread a batch over the worker hosts, one call per host.
+        live = set(workers)
+        # A step that ran on a live host goes back there; the rest spread over the hosts, one
+        # call per host.
         shares: dict[str, list[StepStart]] = {}
-        for index, start in enumerate(starts):
-            name = workers[(self._turn + index) % len(workers)]
+        turn = self._turn
+        for start in starts:
+            name = sticky.get(start.step_id) if sticky else None
+            if name is None or name not in live:
+                name = workers[turn % len(workers)]
+                turn += 1
             shares.setdefault(name, []).append(start)
-        self._turn += len(starts)
+        self._turn = turn
+        names = list(shares)
         calls = [
             self.routes.call(
-                name, "start_steps", self.controller, job_key, job_id, job_type, pack_starts(part)
+                name,
+                "start_steps",
+                self.controller,
+                job_key,
+                job_id,
+                job_type,
+                pack_starts(shares[name]),
             )
-            for name, part in shares.items()
+            for name in names
         ]
-        results: list[StartResult] = []
-        for answer in await asyncio.gather(*calls):
-            results.extend(answer)
-        return results
+        dispatched = Dispatched()
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer  # cancelled: not a host's answer
+                dispatched.undelivered.extend(shares[name])
+                dispatched.error = answer
+                continue
+            dispatched.results.extend(answer)
+            dispatched.hosts[name] = [start.step_id for start in shares[name]]
+        return dispatched
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
-        calls = [self.routes.call(name, "stop_steps", request) for name in self.routes.workers]
+        names = list(self.routes.workers)
+        calls = [self.routes.call(name, "stop_steps", request) for name in names]
         merged = StopResult()
-        for answer in await asyncio.gather(*calls, return_exceptions=True):
+        for name, answer in zip(
+            names, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
             if isinstance(answer, BaseException):
-                log.warning("a worker host did not answer a stop: %s", answer)
+                log.warning("worker host %s did not answer a stop: %s", name, answer)
                 continue
             merged.stopping.extend(answer.stopping)
+            merged.hosts[name] = list(answer.stopping)
         if request.step_ids is not None:
             merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
         return merged

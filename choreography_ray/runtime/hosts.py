@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -39,7 +40,7 @@ from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
 from ..storage.protocols import JobQuery, StepCounts
 from .config import import_modules
-from .constants import controller_name, worker_name
+from .constants import WORKER_PREFIX, controller_name, worker_name
 from .directory import RayDirectory
 from .dispatch import RayDispatcher, RayReporter
 from .host_process import cluster_config, configure_logging, rss_kb, tune_gc
@@ -112,10 +113,35 @@ class ControllerHost(_Host):
         self.partitions: Partitions[JobKey] = Partitions(
             self._rehydrate_partition, self.clock, what=f"{self.name}: rehydrating partition"
         )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.lost_steps = 0
+        """Steps sent again (or counted stopped) because their worker host was lost."""
 
     async def _start(self) -> None:
+        self.routes.on_gone(self._host_gone)
         await super()._start()
         await self._refresh()
+
+    def _host_gone(self, name: str) -> None:
+        """The routing table lost a worker host: its steps are sent again at once."""
+        if name.startswith(WORKER_PREFIX):
+            task = asyncio.get_running_loop().create_task(self.hosts_lost({name}))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def hosts_lost(self, names: set[str]) -> int:
+        """Worker hosts that are gone (died, killed, or their node was lost): every live job
+        activation here sends the starts they took again, or counts them stopped for a job
+        being stopped. Returns how many steps were affected. Called by the routing table and
+        by the membership watch; a second call for the same loss finds nothing left."""
+        lost = frozenset(n for n in names if n.startswith(WORKER_PREFIX))
+        if not lost:
+            return 0
+        affected = 0
+        for manager in list(self.managers.values()):
+            affected += await manager.hosts_lost(lost)
+        self.lost_steps += affected
+        return affected
 
     async def refresh(self) -> list[str]:
         """Read the configuration again: import new job modules, recover new partitions.
@@ -229,6 +255,7 @@ class ControllerHost(_Host):
         return {
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             **writes,
+            "lost_steps": self.lost_steps,
             "rss_kb": rss_kb(),
         }
 
@@ -241,6 +268,8 @@ class ControllerHost(_Host):
     async def shutdown(self) -> None:
         self._startup.close()
         self.partitions.close()
+        for task in list(self._tasks):
+            task.cancel()
         for manager in self.managers.values():
             manager.close()
         self.routes.close()
@@ -271,6 +300,8 @@ class WorkerHost(_Host):
             ),
             node_id=node_id,
             activation_id=str(self.epoch),
+            host=self.name,
+            peers=self,
         )
         self.worker.metrics = self.metrics
         self._flusher: asyncio.Task[None] | None = None
@@ -306,6 +337,22 @@ class WorkerHost(_Host):
     async def stop_steps(self, request: StopRequest) -> StopResult:
         await self.ready()
         return await self.worker.stop_steps(request)
+
+    async def running_steps(
+        self, job_key: JobKey, job_id: str, step_ids: list[str]
+    ) -> tuple[str, list[str]]:
+        """This host's activation id and which of the steps it runs: asked by another worker
+        host before it starts a step whose record names this host."""
+        return str(self.epoch), self.worker.running(job_key, job_id, step_ids)
+
+    async def running(
+        self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]
+    ) -> tuple[str, list[str]]:
+        """`StepPeers`: ask worker host `host` (bounded, through the routing table)."""
+        answer: tuple[str, list[str]] = await self.routes.call(
+            host, "running_steps", job_key, job_id, list(step_ids)
+        )
+        return answer
 
     async def step_callback(
         self, job_key: JobKey, job_id: str, step_id: str, kind: str, value: Any

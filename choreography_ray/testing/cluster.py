@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,7 +23,8 @@ from ..engine.clock import Clock, FakeClock, settle
 from ..engine.context import EngineContext
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
-from ..engine.messages import StartResult, StepReport, StepStart, StopRequest, StopResult
+from ..engine.messages import StepReport, StepStart, StopRequest, StopResult
+from ..engine.ports import Dispatched
 from ..engine.run import SyncStepRunner
 from ..engine.worker import StepWorker
 from ..jobs.errors import JobNotFoundError
@@ -37,7 +38,8 @@ from ..storage.provider import StorageProvider, open_storage
 
 
 class InProcessCluster:
-    """Managers per (scope, namespace) and one worker, wired directly to each other."""
+    """Managers per (scope, namespace) and worker hosts (one by default), wired directly to
+    each other. A worker host can be lost (`lose_worker`) and added (`add_worker`)."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class InProcessCluster:
         clock: Clock | None = None,
         max_parallel_steps: int | None = None,
         wrap_storage: Any = None,
+        workers: int = 1,
     ) -> None:
         self.registry = registry or default_registry
         self.options = options or JobsOptions()
@@ -61,10 +64,15 @@ class InProcessCluster:
         self.wrap_storage = wrap_storage
         self._storages: dict[JobKey, JobsStorage] = {}
         self.managers: dict[JobKey, JobsManager] = {}
-        self.worker = self._new_worker()
+        self.workers: dict[str, StepWorker] = {}
+        for index in range(workers):
+            self.add_worker(f"worker-{index}")
+        self._turn = 0
         self.dispatch_fault: BaseException | None = None
         self.report_fault: BaseException | None = None
         self.start_batches: list[int] = []
+        self.sent: list[tuple[str, str]] = []
+        """(worker host, step id) of every start sent, in order."""
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -95,8 +103,15 @@ class InProcessCluster:
             )
         return manager
 
-    def _new_worker(self) -> StepWorker:
-        return StepWorker(
+    @property
+    def worker(self) -> StepWorker:
+        """The first worker host (the only one unless the cluster was given more)."""
+        return next(iter(self.workers.values()))
+
+    def add_worker(self, name: str | None = None) -> StepWorker:
+        """Start a worker host (a new incarnation when `name` was lost before)."""
+        name = name or f"worker-{len(self.workers)}"
+        worker = self.workers[name] = StepWorker(
             storage_for=self.storage,
             registry=self.registry,
             options=self.options,
@@ -104,19 +119,75 @@ class InProcessCluster:
             reporter=self,
             max_parallel_steps=self.max_parallel_steps,
             sync_runner=SyncStepRunner(),
+            host=name,
+            activation_id=uuid.uuid4().hex,
+            peers=self,
         )
+        return worker
+
+    async def lose_worker(self, name: str, *, tell: bool = True) -> None:
+        """The worker host dies: its runs end unwritten and unreported. With `tell`, every
+        manager hears of it, as the membership watch tells them on Ray."""
+        worker = self.workers.pop(name)
+        await worker.close()
+        if tell:
+            await self.hosts_lost({name})
+
+    async def hosts_lost(self, names: set[str]) -> int:
+        affected = 0
+        for manager in list(self.managers.values()):
+            affected += await manager.hosts_lost(frozenset(names))
+        return affected
 
     # StepDispatcher
     async def start_steps(
-        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
-    ) -> list[StartResult]:
+        self,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: Sequence[StepStart],
+        sticky: Mapping[str, str],
+    ) -> Dispatched:
         if self.dispatch_fault is not None:
             raise self.dispatch_fault
+        if not self.workers:
+            raise ConnectionError("no worker host is running")
         self.start_batches.append(len(starts))
-        return await self.worker.start_steps(job_key, job_id, job_type, starts)
+        names = list(self.workers)
+        shares: dict[str, list[StepStart]] = {}
+        for start in starts:
+            host = sticky.get(start.step_id)
+            if host not in self.workers:
+                host = names[self._turn % len(names)]
+                self._turn += 1
+            shares.setdefault(host, []).append(start)
+            self.sent.append((host, start.step_id))
+        dispatched = Dispatched()
+        for host, part in shares.items():
+            dispatched.results.extend(
+                await self.workers[host].start_steps(job_key, job_id, job_type, part)
+            )
+            dispatched.hosts[host] = [start.step_id for start in part]
+        return dispatched
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
-        return await self.worker.stop_steps(request)
+        merged = StopResult()
+        for name, worker in list(self.workers.items()):
+            answer = await worker.stop_steps(request)
+            merged.stopping.extend(answer.stopping)
+            merged.hosts[name] = list(answer.stopping)
+        if request.step_ids is not None:
+            merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
+        return merged
+
+    # StepPeers
+    async def running(
+        self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]
+    ) -> tuple[str, list[str]]:
+        worker = self.workers.get(host)
+        if worker is None:
+            raise ConnectionError(f"host {host} is gone")
+        return worker.activation_id, worker.running(job_key, job_id, step_ids)
 
     # JobReporter
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
@@ -136,7 +207,8 @@ class InProcessCluster:
     async def close(self) -> None:
         for manager in self.managers.values():
             manager.close()
-        await self.worker.close()
+        for worker in self.workers.values():
+            await worker.close()
         await self.provider.close()
 
     async def start(
@@ -155,11 +227,12 @@ class InProcessCluster:
         quiet = 0
         for _ in range(100_000):
             await asyncio.sleep(0)
-            busy = self.worker.busy or any(m.busy for m in self.managers.values())
+            workers = self.workers.values()
+            busy = any(w.busy for w in workers) or any(m.busy for m in self.managers.values())
             quiet = 0 if busy else quiet + 1
             if quiet >= 25:
                 return
-            if busy and self.worker.sync_runner.in_flight:
+            if busy and any(w.sync_runner.in_flight for w in workers):
                 await asyncio.sleep(0.001)  # a synchronous step is working in a thread
         raise TimeoutError("the in-process cluster did not settle")
 
@@ -173,11 +246,15 @@ class InProcessCluster:
 
     async def crash(self) -> None:
         """Lose every process: activations vanish, runs end unwritten, nothing is reported."""
-        await self.worker.close()
+        names = list(self.workers)
+        for worker in self.workers.values():
+            await worker.close()
         for manager in self.managers.values():
             manager.close()
         self.managers.clear()
-        self.worker = self._new_worker()
+        self.workers.clear()
+        for name in names:
+            self.add_worker(name)
         await settle()
 
     async def advance(self, seconds: float) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from choreography_ray.engine.messages import StartOutcome, StartResult
+from choreography_ray.engine.ports import Dispatched
 from choreography_ray.jobs import (
     JobsOptions,
     JobStatus,
@@ -77,11 +78,13 @@ def test_when_starting_hooks_run_in_order(run, cluster, script):
 
 
 def test_when_starting_and_the_only_step_fails_to_start(run, cluster, script):
-    async def failing(job_key, job_id, job_type, starts):
-        return [
-            StartResult(s.step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, "no")
-            for s in starts
-        ]
+    async def failing(job_key, job_id, job_type, starts, sticky):
+        return Dispatched(
+            [
+                StartResult(s.step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, "no")
+                for s in starts
+            ]
+        )
 
     cluster.start_steps = failing
 
@@ -100,9 +103,12 @@ def test_when_starting_and_one_step_fails_to_start_while_another_was_already_sta
 ):
     real = cluster.start_steps
 
-    async def partly(job_key, job_id, job_type, starts):
-        answers = await real(job_key, job_id, job_type, [s for s in starts if s.step_id != bad])
-        return [*answers, StartResult(bad, StartOutcome.FAILED, StartJobStepError.UNKNOWN, "x")]
+    async def partly(job_key, job_id, job_type, starts, sticky):
+        answer = await real(
+            job_key, job_id, job_type, [s for s in starts if s.step_id != bad], sticky
+        )
+        answer.results.append(StartResult(bad, StartOutcome.FAILED, StartJobStepError.UNKNOWN, "x"))
+        return answer
 
     async def scenario():
         nonlocal bad
@@ -129,9 +135,10 @@ def test_when_starting_and_the_only_step_was_already_started_it_is_not_a_failure
 ):
     real = cluster.start_steps
 
-    async def already(job_key, job_id, job_type, starts):
-        await real(job_key, job_id, job_type, starts)  # it really runs
-        return [StartResult(s.step_id, outcome) for s in starts]
+    async def already(job_key, job_id, job_type, starts, sticky):
+        answer = await real(job_key, job_id, job_type, starts, sticky)  # it really runs
+        answer.results = [StartResult(s.step_id, outcome) for s in starts]
+        return answer
 
     cluster.start_steps = already
 

@@ -142,12 +142,15 @@ def test_and_the_only_step_in_the_first_stage_fails_to_start(run, cluster, scrip
 
     real = cluster.start_steps
 
-    async def refusing_a(job_key, job_id, job_type, starts):
+    async def refusing_a(job_key, job_id, job_type, starts, sticky):
         keys = {s.step_id: s for s in starts}
         states = await cluster.storage().steps.get_many(job_id, list(keys))
         bad = {s.id for s in states if s.name == "a"}
-        answers = await real(job_key, job_id, job_type, [s for s in starts if s.step_id not in bad])
-        return [*answers, *(StartResult(i, StartOutcome.FAILED, reason="no") for i in bad)]
+        answer = await real(
+            job_key, job_id, job_type, [s for s in starts if s.step_id not in bad], sticky
+        )
+        answer.results.extend(StartResult(i, StartOutcome.FAILED, reason="no") for i in bad)
+        return answer
 
     cluster.start_steps = refusing_a
 
@@ -168,11 +171,14 @@ def test_and_the_only_step_in_a_stage_that_continues_on_failure_fails_to_start(
     script.continue_stages.add(0)
     real = cluster.start_steps
 
-    async def refusing_a(job_key, job_id, job_type, starts):
+    async def refusing_a(job_key, job_id, job_type, starts, sticky):
         states = await cluster.storage().steps.get_many(job_id, [s.step_id for s in starts])
         bad = {s.id for s in states if s.name == "a"}
-        answers = await real(job_key, job_id, job_type, [s for s in starts if s.step_id not in bad])
-        return [*answers, *(StartResult(i, StartOutcome.FAILED, reason="no") for i in bad)]
+        answer = await real(
+            job_key, job_id, job_type, [s for s in starts if s.step_id not in bad], sticky
+        )
+        answer.results.extend(StartResult(i, StartOutcome.FAILED, reason="no") for i in bad)
+        return answer
 
     cluster.start_steps = refusing_a
 

@@ -278,7 +278,7 @@ class _Probe:
 
 
 def _wait_dead(probe, within: float = 30.0) -> None:
-    """Until a killed actor stops answering: a call sent just after `ray.kill` may still be served."""
+    """Until a killed actor stops answering: a call just after `ray.kill` may still be served."""
     import time
 
     import ray
