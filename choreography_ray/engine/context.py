@@ -34,6 +34,10 @@ class EngineContext:
     """Whether another host that owns a job still runs it."""
     on_status: Callable[[JobStatus], None] | None = None
     """Told every status a job enters (metrics)."""
+    active_hosts: Callable[[], Awaitable[frozenset[str]]] | None = None
+    """The worker hosts that are part of the cluster now (the watchdog's membership; a job
+    can override how it is read with `Job.get_active_hosts`). None: every host counts as
+    alive, so a step is restarted only once its lease expired."""
 
 
 async def maybe_await(value: T | Awaitable[T]) -> T:

@@ -12,6 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from ..jobs.state import JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
@@ -29,6 +30,8 @@ class Tracked:
     generation: int
     host: str = ""
     """The worker host that took the start; empty until it answered."""
+    since: datetime | None = None
+    """When the start was sent (the watchdog looks only at starts older than its quiet time)."""
 
 
 class StepLedger:

@@ -16,6 +16,7 @@ from .messages import StartOutcome, StartResult, StepReport, StepStart
 from .outcomes import Outcomes
 from .ports import Dispatched
 from .record import Released
+from .watchdog import Watchdog
 
 
 class Stages:
@@ -26,6 +27,7 @@ class Stages:
         self.record = core.record
         self.ledger = core.ledger
         self.outcomes = outcomes
+        self.watchdog = Watchdog(core, self, outcomes)
 
     # -- moving on ------------------------------------------------------------------------------
 
@@ -38,6 +40,8 @@ class Stages:
         record = self.record
         ledger = self.ledger
         failed = 0
+        if not self.watchdog.started:
+            self.watchdog.start()
         while record.state.status == JobStatus.RUNNING and not record.released:
             if ledger.waiting and ledger.room(self.core.window):
                 failed += await self._dispatch_waiting(dispatch_failures_fail)
@@ -135,9 +139,10 @@ class Stages:
         if not chosen:
             return 0
         stage_of = ledger.stage_of
+        now = core.ctx.clock.now()
         for start in chosen:
             tracked[start.step_id] = Tracked(
-                stage_of.get(start.step_id, 0), start.attempt, generation
+                stage_of.get(start.step_id, 0), start.attempt, generation, since=now
             )
         sticky = {}
         if ledger.sticky:

@@ -452,7 +452,7 @@ def _failed(step_id: str, reason: str) -> StartResult:
 
 def _settled(start: StepStart, state: JobStepState) -> StartResult | None:
     """The answer to a start of a step whose record says it needs no run, else None."""
-    finished = _finished_report(state)
+    finished = stored_outcome(state)
     if finished is not None:
         retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
             start.attempt > state.attempt
@@ -469,7 +469,9 @@ def _settled(start: StepStart, state: JobStepState) -> StartResult | None:
     return None
 
 
-def _finished_report(state: JobStepState) -> StepReport | None:
+def stored_outcome(state: JobStepState) -> StepReport | None:
+    """The report of a step whose stored record holds its outcome (else None): a job that
+    never heard it counts it from here."""
     if state.status in (
         JobStepStatus.COMPLETED_SUCCESSFULLY,
         JobStepStatus.COMPLETED_WITH_FAILURE,

@@ -232,5 +232,11 @@ class Job(Generic[TRequest]):
     def on_failed_to_prepare(self) -> Awaitable[None] | None:
         """After a step failed to prepare; the job is Failed."""
 
+    def get_active_hosts(self, hosts: frozenset[str]) -> frozenset[str] | Awaitable[frozenset[str]]:
+        """The worker hosts this job's watchdog takes as alive; `hosts` is what the cluster
+        says. Override to read membership another way. With leases on, a step is restarted
+        only when the host in its lease is not in this set and its lease has expired."""
+        return hosts
+
     def on_stopped(self) -> Awaitable[None] | None:
         """After every running step stopped, on stop and on removal."""

@@ -170,6 +170,10 @@ class ControllerHost(_Host):
     async def _alive(self, owner: JobOwner) -> bool:
         return await owner_alive(owner, self.me, self._ping)
 
+    async def _active_workers(self) -> frozenset[str]:
+        """The worker hosts in the routing table (read off the loop, kept fresh)."""
+        return frozenset(self.routes.workers)
+
     async def _ping(self, host: str) -> int:
         epoch: int = await self.routes.call(host, "ping")
         return epoch
@@ -188,6 +192,7 @@ class ControllerHost(_Host):
                     owner=self.me,
                     owner_alive=self._alive,
                     on_status=self.metrics.job_status,
+                    active_hosts=self._active_workers,
                 ),
                 recovery=Rehydration,
             )

@@ -98,6 +98,7 @@ class InProcessCluster:
                     options=self.options,
                     clock=self.clock,
                     dispatcher=self,
+                    active_hosts=self.active_hosts,
                 ),
                 recovery=Rehydration,
             )
@@ -179,6 +180,10 @@ class InProcessCluster:
         if request.step_ids is not None:
             merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
         return merged
+
+    async def active_hosts(self) -> frozenset[str]:
+        """The worker hosts alive now (the watchdog's membership)."""
+        return frozenset(self.workers)
 
     # StepPeers
     async def running(
