@@ -65,6 +65,28 @@ class JobActivation:
         self._resuming = Resuming(core, self._starting, self._stages, self._outcomes, recount)
         self._inbox: list[StepReport] = []
         self._drain_task: asyncio.Task[None] | None = None
+        if ctx.owner is not None:
+            core.spawn(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renew this host's ownership lease while the job lives here: a job whose lease
+        expired is claimed by the reconciliation sweep, so a lost activation never leaves a
+        job idle."""
+        core = self._core
+        record = self._record
+        every = core.ctx.options.job_ownership_lease.total_seconds() / 3
+        while True:
+            await core.ctx.clock.sleep(every)
+            if record.released or record.state.status.is_terminal:
+                return
+            async with core.turn:
+                if record.released:
+                    return
+                if record.state.status != JobStatus.NONE and record.lease_due():
+                    try:
+                        await record.save_progress()
+                    except Released:
+                        return
 
     def _released(self) -> None:
         if self._on_release is not None:

@@ -28,7 +28,7 @@ from ..jobs.errors import (
 )
 from ..jobs.job import Job
 from ..jobs.registry import TypeKind
-from ..jobs.state import JobState
+from ..jobs.state import JobOwner, JobState
 from ..jobs.status import (
     RUNNING_JOB_STATUSES,
     STOP_STATUSES,
@@ -56,6 +56,10 @@ class Recovery(Protocol):
 
     def recover_later(self, job_id: str) -> None:
         """Bring back a job that a storage failure let go."""
+        ...
+
+    async def reconcile(self) -> Any:
+        """Claim and resume the unfinished jobs that no live activation holds."""
         ...
 
     def close(self) -> None: ...
@@ -167,6 +171,7 @@ class JobsManager:
                 return state
             if (
                 current is not None
+                and not self._lease_expired(current)
                 and self.ctx.owner_alive is not None
                 and await self.ctx.owner_alive(current)
             ):
@@ -183,6 +188,11 @@ class JobsManager:
                     raise JobNotFoundError(state.id) from None
                 state = fresh
         raise OwnedElsewhereError(state.id, state.owner.host if state.owner else "", 0)
+
+    def _lease_expired(self, owner: JobOwner) -> bool:
+        """An owner whose lease ran out holds no live activation of the job (a live one renews
+        it), even when its host still answers: the job is taken over."""
+        return owner.lease_expires is not None and owner.lease_expires <= self.ctx.clock.now()
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -338,6 +348,13 @@ class JobsManager:
             raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
         self._cleanup.schedule()
         return await self._recovery.rehydrate()
+
+    async def reconcile(self) -> Any:
+        """One reconciliation sweep (see `recovery.Rehydration.reconcile`): unfinished jobs
+        whose owner's lease expired are claimed and resumed here."""
+        if self._closed:
+            raise ShuttingDownError("the jobs manager has shut down; the sweep did not run")
+        return await self._recovery.reconcile()
 
     # -- shutdown -------------------------------------------------------------------------------
 

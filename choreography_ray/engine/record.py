@@ -15,7 +15,7 @@ from typing import Any
 
 from ..jobs.errors import VersionConflictError
 from ..jobs.job import Job, JobInfo
-from ..jobs.state import JobState, StatusChange
+from ..jobs.state import JobOwner, JobState, StatusChange
 from ..jobs.status import JobStatus
 from .context import EngineContext, error_messages
 
@@ -93,7 +93,21 @@ class JobRecord:
             self.ctx.on_status(status)
 
     async def save(self) -> None:
-        """Compare-and-set the job record; a lost race means another activation owns the job."""
+        """Compare-and-set the job record; a lost race means another activation owns the job.
+
+        A write of a job this host owns renews its ownership lease (`job_ownership_lease`)."""
+        me = self.ctx.owner
+        owner = self.state.owner
+        if (
+            me is not None
+            and owner is not None
+            and (owner.host, owner.activation_epoch) == (me.host, me.activation_epoch)
+        ):
+            self.state.owner = JobOwner(
+                host=me.host,
+                activation_epoch=me.activation_epoch,
+                lease_expires=self.ctx.clock.now() + self.ctx.options.job_ownership_lease,
+            )
         try:
             self.state.version = await self.ctx.storage.jobs.save(self.state)
         except VersionConflictError:
@@ -114,6 +128,15 @@ class JobRecord:
         except Exception as error:
             self.release(f"could not save progress: {error}")
             raise Released() from error
+
+    def lease_due(self) -> bool:
+        """Whether the ownership lease should be renewed now: a third of it is gone."""
+        me = self.ctx.owner
+        owner = self.state.owner
+        if me is None or owner is None or owner.lease_expires is None:
+            return False
+        lease = self.ctx.options.job_ownership_lease
+        return owner.lease_expires - self.ctx.clock.now() <= lease * 2 / 3
 
     def release(self, reason: str = "") -> None:
         """Let go of the job: for `reason` (logged), or quietly once it finished."""

@@ -98,6 +98,12 @@ class JobsOptions(BaseModel):
     max_transient_retry_delay: timedelta = timedelta(seconds=5)
     host_call_timeout: timedelta = timedelta(seconds=10)
     """How long a host waits for another host's answer before treating it as gone."""
+    job_ownership_lease: timedelta = timedelta(seconds=60)
+    """How long a controller's claim on a job it runs holds without renewal; its activation
+    renews it every third of that. A job whose lease expired is claimed by the sweep."""
+    reconciliation_interval: timedelta = timedelta(seconds=60)
+    """How often one controller host sweeps storage for unfinished jobs that no live
+    activation holds (expired ownership lease) and resumes them; zero turns the sweep off."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -115,6 +121,7 @@ class JobsOptions(BaseModel):
         "max_step_delivery_retry_delay",
         "transient_retry_base_delay",
         "max_transient_retry_delay",
+        "reconciliation_interval",
         mode="before",
     )
     @classmethod
@@ -124,12 +131,12 @@ class JobsOptions(BaseModel):
             raise ValueError("must not be negative")
         return duration
 
-    @field_validator("host_call_timeout", mode="before")
+    @field_validator("host_call_timeout", "job_ownership_lease", mode="before")
     @classmethod
     def _positive_duration(cls, value: Any) -> timedelta:
         duration = parse_duration(value)
         if duration <= timedelta(0):
-            raise ValueError("must be positive: a call between hosts cannot wait forever")
+            raise ValueError("must be positive: a wait on another host cannot last forever")
         return duration
 
     @field_validator("key_providers", mode="before")

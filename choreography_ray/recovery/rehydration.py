@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.manager import INTERRUPTED_STATUSES, JobsManager
-from ..jobs.errors import UnknownTypeError
+from ..jobs.errors import OwnedElsewhereError, UnknownTypeError
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobState
 from ..jobs.status import STOP_STATUSES, JobStatus
@@ -111,6 +111,42 @@ class Rehydration:
             return
         await activation.resume(recovering=True)
         report.resumed.append(job_id)
+
+    async def reconcile(self) -> RehydrationReport:
+        """The reconciliation sweep: every unfinished job of the partition that no live
+        activation holds — its owner's ownership lease expired, or it never had one and its
+        owner is gone — is claimed and resumed (or its stop finished) here.
+
+        It costs one query of the partition's unfinished jobs; a job whose lease holds is not
+        touched. It closes the seed's known gap: a job whose Running write was acknowledged
+        to no one, or whose activation was lost while its host lives, is resumed within one
+        lease plus one sweep interval instead of waiting for a restart."""
+        report = RehydrationReport()
+        now = self.ctx.clock.now()
+        jobs = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(INTERRUPTED_STATUSES)
+        for job in sorted(jobs, key=lambda job: (job.created, job.id)):
+            owner = job.owner
+            if self.manager.live(job.id) is not None or (
+                owner is not None and owner.lease_expires is not None and owner.lease_expires > now
+            ):
+                continue  # held by a live activation, here or elsewhere
+            report.queued.append(job.id)
+            if self.manager.closed:
+                break
+            try:
+                await self._recover(job.id, report)
+            except OwnedElsewhereError:
+                report.skipped.append(job.id)  # an owner without a lease that still answers
+            except Exception as error:
+                log.warning("job %s could not be reconciled: %s", job.id, error)
+                report.failed.append(job.id)
+        if report.resumed or report.finished_stops:
+            log.warning(
+                "the reconciliation sweep took over %d job(s) that no live activation held: %s",
+                len(report.resumed) + len(report.finished_stops),
+                ", ".join([*report.resumed, *report.finished_stops]),
+            )
+        return report
 
     def recover_later(self, job_id: str) -> None:
         """Bring back a job a storage failure let go: one chain of attempts per job."""

@@ -9,6 +9,7 @@ cluster configuration, so a host that dies is replaced by a fresh one that reads
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,8 @@ from .metrics import Metrics
 from .remote_storage import RemoteMemoryStorage, open_cluster_storage
 from .routes import Routes
 from .sync_steps import RaySyncStepRunner
+
+log = logging.getLogger("choreography_ray.runtime")
 
 
 class _Host:
@@ -114,6 +117,7 @@ class ControllerHost(_Host):
             self._rehydrate_partition, self.clock, what=f"{self.name}: rehydrating partition"
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.lost_steps = 0
         """Steps sent again (or counted stopped) because their worker host was lost."""
 
@@ -121,6 +125,30 @@ class ControllerHost(_Host):
         self.routes.on_gone(self._host_gone)
         await super()._start()
         await self._refresh()
+        if self._sweeper is None and self.options.reconciliation_interval.total_seconds() > 0:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    def _sweeps(self) -> bool:
+        """Whether this controller host runs the reconciliation sweep: one host at a time, the
+        first in the routing table's order (any of them would do: a sweep is harmless twice)."""
+        return min(self.routes.controllers, default=self.name) >= self.name
+
+    async def _sweep_forever(self) -> None:
+        """Every `reconciliation_interval`, on one controller host: claim and resume the
+        unfinished jobs of every known partition that no live activation holds."""
+        every = self.options.reconciliation_interval.total_seconds()
+        while True:
+            await self.clock.sleep(every)
+            if not self._sweeps():
+                continue
+            try:
+                keys = set(self.managers)
+                if self.catalog is not None:
+                    keys.update((await self.catalog.read()).keys)
+                for key in sorted(keys, key=lambda k: (k.scope, k.namespace)):
+                    await self.manager(key).reconcile()
+            except Exception:
+                log.exception("%s: the reconciliation sweep failed; it runs again", self.name)
 
     def _host_gone(self, name: str) -> None:
         """The routing table lost a worker host: its steps are sent again at once."""
@@ -275,6 +303,8 @@ class ControllerHost(_Host):
         self.partitions.close()
         for task in list(self._tasks):
             task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for manager in self.managers.values():
             manager.close()
         self.routes.close()

@@ -47,6 +47,8 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "transient_retry_base_delay": ("duration", timedelta(milliseconds=100)),
     "max_transient_retry_delay": ("duration", timedelta(seconds=5)),
     "host_call_timeout": ("timeout", timedelta(seconds=10)),
+    "job_ownership_lease": ("timeout", timedelta(seconds=60)),
+    "reconciliation_interval": ("duration", timedelta(seconds=60)),
     "key_providers": ("names", ()),
 }
 
