@@ -41,6 +41,12 @@ class StepDispatcher(Protocol):
 
     async def stop_steps(self, request: StopRequest) -> StopResult: ...
 
+    async def locate(self, job_key: JobKey, job_id: str) -> dict[str, str]:
+        """Which worker host holds a run of which step of the job (performing, queued or
+        settling), as far as the hosts that answer know: a new activation sends those steps
+        back where they are, so none runs twice."""
+        ...
+
 
 class JobReporter(Protocol):
     """Carries step outcomes back to their job's live activation."""

@@ -91,6 +91,7 @@ class Resuming:
             return ResumeJobSuccess.JOB_IS_COMPLETED
         stored = await self._all_steps(self.core.ctx.storage.steps.get_all_for_job(self.core.id))
         existing = {step.id for step in stored if step.is_prepared}
+        await self.stages.locate()
         result = await self.starting.prepare_and_run(plan, existing, clean_start=False)
         if not result.succeeded and result.error not in (
             StartJobError.FAILED_STARTING_SOME_JOB_STEPS,
@@ -136,6 +137,7 @@ class Resuming:
             state.progress,
         )
         await self._all_steps(self.recount.load(strict=True))
+        await self.stages.locate()
         if from_stop:
             state.execution_generation += 1
             state.stop_finalized = False

@@ -184,6 +184,18 @@ class Stages:
             self.send_again(ledger.lose(ledger.losses[losses:], again=True))
         return failed
 
+    async def locate(self) -> None:
+        """Learn where the job's runs are before sending anything (a new activation: the one
+        that dispatched them is gone): each goes back to the host that holds it, where it
+        answers that it has started, or waits for its older run's stop."""
+        core = self.core
+        try:
+            held = await core.ctx.dispatcher.locate(core.ctx.key, core.id)
+        except Exception as error:
+            core.log.warning("job %s: could not ask where its runs are: %s", core.id, error)
+            return
+        self.ledger.sticky.update(held)
+
     def send_again(self, steps: list[tuple[str, int]]) -> None:
         """Queue interrupted starts (a lost host's) first, under their attempt; the caller
         advances the job."""

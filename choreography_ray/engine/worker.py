@@ -236,6 +236,12 @@ class StepWorker:
             found.update(answer)
         return found
 
+    def held(self, job_key: JobKey, job_id: str) -> list[str]:
+        """Every step of the job with a run here (performing, queued or settling)."""
+        return [
+            key.step_id for key in self._runs if key.job_key == job_key and key.job_id == job_id
+        ]
+
     def running(self, job_key: JobKey, job_id: str, step_ids: Sequence[str]) -> list[str]:
         """Which of `step_ids` of the job have a run here (performing, queued or settling)."""
         runs = self._runs

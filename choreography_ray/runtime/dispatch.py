@@ -104,6 +104,18 @@ class RayDispatcher:
             merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
         return merged
 
+    async def locate(self, job_key: JobKey, job_id: str) -> dict[str, str]:
+        names = list(self.routes.workers)
+        calls = [self.routes.call(name, "held_steps", job_key, job_id) for name in names]
+        held: dict[str, str] = {}
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("worker host %s did not say which runs it holds: %s", name, answer)
+                continue
+            held.update(dict.fromkeys(answer, name))
+        return held
+
 
 class _Recent(OrderedDict[tuple[JobKey, str], str]):
     """The controller host of recently dispatched jobs; old entries fall off (they are hints:

@@ -373,6 +373,11 @@ class WorkerHost(_Host):
         await self.ready()
         return await self.worker.stop_steps(request)
 
+    async def held_steps(self, job_key: JobKey, job_id: str) -> list[str]:
+        """The steps of the job with a run here: a new activation of the job sends them back."""
+        await self.ready()
+        return self.worker.held(job_key, job_id)
+
     async def running_steps(
         self, job_key: JobKey, job_id: str, step_ids: list[str]
     ) -> tuple[str, list[str]]:

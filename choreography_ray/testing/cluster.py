@@ -185,6 +185,13 @@ class InProcessCluster:
         """The worker hosts alive now (the watchdog's membership)."""
         return frozenset(self.workers)
 
+    async def locate(self, job_key: JobKey, job_id: str) -> dict[str, str]:
+        return {
+            step_id: name
+            for name, worker in self.workers.items()
+            for step_id in worker.held(job_key, job_id)
+        }
+
     # StepPeers
     async def running(
         self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]

@@ -215,3 +215,34 @@ def test_a_stop_finishes_when_a_host_that_was_stopping_steps_is_lost(run, script
 
 async def _dropped(job_key, job_id, reports) -> None:
     """A report that never arrives."""
+
+
+def test_a_new_activation_sends_queued_runs_back_to_the_host_that_holds_them(run, script):
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=1), workers=2)
+
+    async def scenario():
+        async with cluster:
+            for key in "abcd":
+                script.behaviour[key].block = True
+            result = await cluster.start(ScenarioJob, request(*"abcd"))
+            await cluster.settle()  # each host performs one step and queues one
+            held = {
+                run.step_id: host
+                for host, worker in cluster.workers.items()
+                for run in worker.runs_of(result.job_id)
+            }
+            for manager in cluster.managers.values():
+                manager.close()
+            cluster.managers.clear()
+            cluster._turn = 1  # round robin alone would send each step to the other host
+            sent = len(cluster.sent)
+            await (await cluster.manager().rehydrate())
+            await cluster.settle()
+            resent = dict((step, host) for host, step in cluster.sent[sent:])
+            script.release(*"abcd")
+            return held, resent, await cluster.wait(result.job_id)
+
+    held, resent, state = run(scenario())
+    assert len(held) == 4 and resent == held
+    assert all(script.ran(key) == 1 for key in "abcd")
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
