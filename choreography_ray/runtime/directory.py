@@ -36,3 +36,6 @@ class RayDirectory:
 
     def gone(self, error: BaseException) -> bool:
         return is_host_gone(error)
+
+    def dead(self, error: BaseException) -> bool:
+        return isinstance(error, ray.exceptions.ActorDiedError)

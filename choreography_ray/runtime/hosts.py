@@ -122,7 +122,7 @@ class ControllerHost(_Host):
         """Steps sent again (or counted stopped) because their worker host was lost."""
 
     async def _start(self) -> None:
-        self.routes.on_gone(self._host_gone)
+        self.routes.on_dead(self._host_gone)
         await super()._start()
         await self._refresh()
         if self._sweeper is None and self.options.reconciliation_interval.total_seconds() > 0:
@@ -151,7 +151,9 @@ class ControllerHost(_Host):
                 log.exception("%s: the reconciliation sweep failed; it runs again", self.name)
 
     def _host_gone(self, name: str) -> None:
-        """The routing table lost a worker host: its steps are sent again at once."""
+        """A worker host died (Ray said so on a call, or it left Ray's named actors): its
+        steps are sent again at once. One that merely did not answer in time is not taken
+        for dead: its runs may still be going."""
         if name.startswith(WORKER_PREFIX):
             task = asyncio.get_running_loop().create_task(self.hosts_lost({name}))
             self._tasks.add(task)

@@ -41,6 +41,11 @@ class HostDirectory(Protocol):
         that the call failed); a call the bound gave up on (`HostGone`) is `Routes`' own."""
         ...
 
+    def dead(self, error: BaseException) -> bool:
+        """Whether a failed call's error says the host actor died for good (not merely that
+        it could not be reached)."""
+        ...
+
 
 class Routes:
     """The hosts this host talks to, kept fresh off the event loop."""
@@ -60,6 +65,9 @@ class Routes:
         self._handles: dict[str, Any] = {}
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
+        self._dead_listeners: list[Callable[[str], None]] = []
+        self._announced: set[str] = set()
+        """Hosts whose death was told, until a reading lists the name again (a new one)."""
         self._refreshing: asyncio.Task[None] | None = None
         self._pinging: dict[str, Any] = {}
         """The handle being pinged, per suspect: a replacement listed meanwhile is pinged too."""
@@ -73,6 +81,12 @@ class Routes:
     def on_gone(self, listener: Callable[[str], None]) -> None:
         """Call `listener(name)` whenever a host leaves the table (where re-dispatch hooks in)."""
         self._listeners.append(listener)
+
+    def on_dead(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(name)` once a host is known dead: Ray said so on a call, or a reading
+        no longer lists it. A host that only did not answer in time is not dead: it stays a
+        suspect until it answers again or vanishes."""
+        self._dead_listeners.append(listener)
 
     async def start(self) -> None:
         """Read the table once, then keep it fresh at the cadence until `close`."""
@@ -97,6 +111,8 @@ class Routes:
         except Exception as error:
             if isinstance(error, HostGone) or self.directory.gone(error):
                 self.forget(name)
+                if self.directory.dead(error):
+                    self._died([name])
             raise
 
     def forget(self, name: str) -> None:
@@ -148,11 +164,22 @@ class Routes:
             kept = handle if handle is not None else self._handles.get(name)
             if kept is not None and name not in self._suspects:
                 handles[name] = kept
+        vanished = sorted((set(self._handles) | self._suspects) - set(found))
+        self._announced -= set(found)
         self._suspects &= set(found)
         lost = sorted(set(self._handles) - set(handles))
         self._handles = handles
         self._changed(lost)
+        self._died(vanished)
         self._ping({name: found[name] for name in self._suspects if found[name] is not None})
+
+    def _died(self, names: list[str]) -> None:
+        for name in names:
+            if name in self._announced:
+                continue
+            self._announced.add(name)
+            for listener in self._dead_listeners:
+                listener(name)
 
     def _ping(self, suspects: dict[str, Any]) -> None:
         """Ping the listed suspects whose handle is not already being pinged, in a task of

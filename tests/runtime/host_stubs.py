@@ -84,6 +84,9 @@ class DirectoryStub:
     def gone(self, error: BaseException) -> bool:
         return isinstance(error, DeadHost)
 
+    def dead(self, error: BaseException) -> bool:
+        return isinstance(error, DeadHost)
+
 
 async def until(condition: Any, turns: int = 2000) -> None:
     """Wait, a loop turn at a time, for work in a thread (a directory look-up) to land."""

@@ -53,7 +53,7 @@ def test_messages_read_the_table_and_never_look_hosts_up(run) -> None:
         reporter = RayReporter(routes)
         reporter.controllers[(KEY, "job")] = CONTROLLER
         for _ in range(100):
-            await dispatcher.start_steps(KEY, "job", "type", starts(10))
+            await dispatcher.start_steps(KEY, "job", "type", starts(10), {})
             await reporter.report(KEY, "job", report())
         for _ in range(10):
             await dispatcher.stop_steps(StopRequest(KEY, "job", 1, ("s1",), False))
@@ -72,13 +72,16 @@ def test_a_host_that_never_answers_is_gone_after_the_bound(run) -> None:
         directory, routes, clock, gone = cluster()
         await routes.start()
         directory.hosts[WORKERS[1]].hung = True
-        call = asyncio_task(RayDispatcher(routes, CONTROLLER).start_steps(KEY, "j", "t", starts(2)))
+        dispatcher = RayDispatcher(routes, CONTROLLER)
+        call = asyncio_task(dispatcher.start_steps(KEY, "j", "t", starts(2), {}))
         await settle()
         await clock.advance(TIMEOUT - 0.1)
         assert not call.done()
         await clock.advance(0.2)
-        with pytest.raises(HostGone, match="no answer within 5s"):
-            await call
+        answer = await call  # the share of the silent host was not delivered
+        assert isinstance(answer.error, HostGone) and "no answer within 5s" in str(answer.error)
+        assert [s.step_id for s in answer.undelivered] == ["s1"]
+        assert answer.hosts == {WORKERS[0]: ["s0"]}
         assert gone == [WORKERS[1]]
         assert routes.workers == [WORKERS[0]]
         # The table is read again at once; the silent host must answer a ping to come back.
@@ -211,7 +214,7 @@ def test_no_worker_host_is_refused_after_one_more_look(run) -> None:
         routes = Routes(directory, timeout=TIMEOUT, clock=FakeClock())
         await routes.start()
         with pytest.raises(NoEligibleJobWorker):
-            await RayDispatcher(routes, CONTROLLER).start_steps(KEY, "j", "t", starts(1))
+            await RayDispatcher(routes, CONTROLLER).start_steps(KEY, "j", "t", starts(1), {})
         assert directory.name_lookups == 2
         routes.close()
 
@@ -299,3 +302,36 @@ def asyncio_task(coroutine):  # type: ignore[no-untyped-def]
     import asyncio
 
     return asyncio.get_running_loop().create_task(coroutine)
+
+
+def test_only_a_host_known_dead_is_announced_dead_and_only_once(run) -> None:
+    """A host that did not answer in time may still be running its steps: it is not taken
+    for dead (its steps would run twice). One that Ray says died, or that vanished from Ray's
+    named actors, is announced once."""
+
+    async def scenario() -> None:
+        directory, routes, clock, _ = cluster()
+        dead: list[str] = []
+        routes.on_dead(dead.append)
+        await routes.start()
+        directory.hosts[WORKERS[1]].hung = True
+        dispatcher = RayDispatcher(routes, CONTROLLER)
+        call = asyncio_task(dispatcher.start_steps(KEY, "j", "t", starts(2), {}))
+        await settle()
+        await clock.advance(TIMEOUT * 1.25)
+        await call
+        await routes.refresh()
+        assert dead == []  # silent, still listed: a suspect, not dead
+        directory.hosts[WORKERS[0]].dead = True
+        with pytest.raises(DeadHost):
+            await routes.call(WORKERS[0], "ping")
+        assert dead == [WORKERS[0]]
+        del directory.hosts[WORKERS[1]]
+        del directory.hosts[WORKERS[0]]
+        await routes.refresh()
+        await routes.refresh()
+        assert dead == [WORKERS[0], WORKERS[1]]  # each once
+        routes.close()
+        await settle()
+
+    run(scenario())
