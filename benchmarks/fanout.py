@@ -1,15 +1,28 @@
 """Durable fan-out against plain Ray, measured in one run on one machine.
 
-    python benchmarks/fanout.py --sizes 1000,10000,100000 --runs 5 --tuned 256 \
-        --plot benchmarks/fanout.png
+    python benchmarks/fanout.py --sizes 10000 --runs 3
+    python benchmarks/fanout.py --sizes 10000 --runs 3 --configs default,tuned,leases,pg-tuned \
+        --peers dbos --plot benchmarks/fanout.png
     python benchmarks/fanout.py --soak 100        # host memory across 100 jobs of 1,000 steps
     python benchmarks/fanout.py --fairness --fairness-steps 100000   # a small job beside a large
 
-For each N: a job of N no-op async steps on SQLite with default options and with a tuned
-`max_parallel_steps`, plain Ray tasks (`ray.get` over N no-op remote calls), and for N <= 200
-one detached Ray actor per step. Medians of `--runs` runs for N <= 10,000 (one run above).
-`--fairness` starts a job of 10 steps while a large job's steps are queued on the same worker
-host (default options) and reports how long the small job took and the large job's throughput.
+For each N: plain Ray tasks (`ray.get` over N no-op remote calls) and a job of N no-op async
+steps in each configuration of `--configs`:
+
+    default     SQLite, default options
+    tuned       SQLite, max_parallel_steps=--tuned
+    wide        tuned, --workers worker hosts per node
+    leases      tuned, step_lease_timeout=30s (leases on)
+    pg-default  PostgreSQL (--postgres), default options
+    pg-tuned    PostgreSQL, max_parallel_steps=--tuned
+
+Medians of `--runs` runs for N <= 10,000 (one run above); ratios are to plain Ray measured in
+the same invocation. CPU per 10,000 steps is the CPU time of the driver and every process Ray
+started (user + system, read from the operating system around each run). `--actor-per-step`
+adds the naive design (one detached Ray actor per step, N <= 200); `--peers dbos` adds DBOS
+Transact (one workflow with one step per unit through a DBOS queue, on SQLite and, with a
+pg configuration, PostgreSQL; `pip install -e '.[bench]'`). The last line, `ratio ...`, is
+for scripts.
 """
 
 from __future__ import annotations
@@ -19,6 +32,8 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import ray
@@ -35,98 +50,242 @@ from choreography_ray.bench import (
 )
 from choreography_ray.runtime import stop_hosts
 
+POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+CONFIGS = ("default", "tuned", "wide", "leases", "pg-default", "pg-tuned")
 
-def _connect(workdir: Path, name: str, max_parallel_steps: int | None, workers: int = 1):
-    url = f"sqlite:///{workdir / name}.db"
-    jobs = cr.connect(
-        url,
-        namespace=f"bench-{name}",
-        modules=["choreography_ray.bench"],
-        max_parallel_steps=max_parallel_steps,
-        workers_per_node=workers,
-    )
-    return jobs, url
+
+@dataclass
+class Config:
+    name: str
+    storage: str
+    max_parallel_steps: int | None = None
+    workers: int = 1
+    options: cr.JobsOptions | None = None
+    jobs: object = None
+    runs: list = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return f"bench-{self.name}"
+
+
+def _configs(args: argparse.Namespace, workdir: Path) -> list[Config]:
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = sorted(set(wanted) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    schema = f"bench_{os.getpid()}"
+    postgres = f"{args.postgres}?schema={schema}"
+
+    def made(name: str) -> Config:
+        sqlite = f"sqlite:///{workdir / name}.db"
+        tuned = args.tuned
+        return {
+            "default": lambda: Config(name, sqlite),
+            "tuned": lambda: Config(name, sqlite, tuned),
+            "wide": lambda: Config(name, sqlite, tuned, args.workers),
+            "leases": lambda: Config(
+                name,
+                sqlite,
+                tuned,
+                options=cr.JobsOptions(step_lease_timeout=timedelta(seconds=30)),
+            ),
+            "pg-default": lambda: Config(name, postgres),
+            "pg-tuned": lambda: Config(name, postgres, tuned),
+        }[name]()
+
+    configs = [made(name) for name in wanted]
+    if any(c.storage.startswith("postgresql") for c in configs):
+        _fresh_schema(args.postgres, schema)
+    for config in configs:
+        config.jobs = cr.connect(
+            config.storage,
+            namespace=config.namespace,
+            modules=["choreography_ray.bench"],
+            options=config.options,
+            max_parallel_steps=config.max_parallel_steps,
+            workers_per_node=config.workers,
+        )
+    return configs
+
+
+def _fresh_schema(url: str, schema: str) -> None:
+    """Each PostgreSQL configuration's tables in a schema of this run, dropped first."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        connection.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    engine.dispose()
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system, and of waited-for children) of this driver and every process
+    it started, Ray's included, read from /proc (Linux)."""
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        stats[int(entry)] = text.rsplit(")", 1)[1].split()
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, pending = 0.0, [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        fields = stats.get(pid)
+        if fields is None:
+            continue
+        total += sum(int(value) for value in fields[11:15]) / ticks  # utime stime cutime cstime
+        pending.extend(children.get(pid, ()))
+    return total
+
+
+def _measured(what, *args):
+    cpu = cpu_seconds()
+    result = what(*args)
+    return result, cpu_seconds() - cpu
 
 
 def fanout(args: argparse.Namespace, workdir: Path) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
-    default, default_url = _connect(workdir, "default", None)
-    tuned, tuned_url = _connect(workdir, "tuned", args.tuned)
-    wide, wide_url = _connect(workdir, "wide", args.tuned, args.workers)
+    configs = _configs(args, workdir)
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     rows = []
     for n in sizes:
         runs = args.runs if n <= 10_000 else 1
-        ray_seconds, default_runs, tuned_runs, wide_runs = [], [], [], []
+        ray_seconds: list[float] = []
+        ray_cpu: list[float] = []
+        for config in configs:
+            config.runs, config.cpu = [], []
+        peer_rates: dict[str, list[float]] = {}
         for _ in range(runs):
-            ray_seconds.append(plain_ray_tasks(n))
-            default_runs.append(run_fanout(default, n, default_url, "default"))
-            tuned_runs.append(run_fanout(tuned, n, tuned_url, f"max_parallel_steps={args.tuned}"))
-            wide_runs.append(
-                run_fanout(wide, n, wide_url, f"+ {args.workers} worker hosts per node")
-            )
-        actor_rate = None
-        if n <= 200:  # about 3 actors/s: one run is minutes already
-            actor_rate = n / actor_per_step(n)
-        rows.append((n, ray_seconds, default_runs, tuned_runs, actor_rate, wide_runs))
-        _print_row(rows[-1], args.tuned)
-    _print_tables(rows, args.tuned)
-    if args.plot:
-        _plot(rows, args.tuned, Path(args.plot))
-    # An actor-per-step point at N = 200, if the sizes did not include one.
-    if all(n > 200 for n in sizes):
-        print(f"\none detached actor per step, N = 200: {200 / actor_per_step(200):,.1f} steps/s")
-
-
-def _print_row(row, tuned: int) -> None:
-    n, ray_seconds, default_runs, tuned_runs, _, wide_runs = row
-    print(
-        f"N={n}: plain Ray {n / median(ray_seconds):,.0f}/s, "
-        f"default {median([r.rate for r in default_runs]):,.0f}/s, "
-        f"tuned {median([r.rate for r in tuned_runs]):,.0f}/s, "
-        f"tuned + worker hosts {median([r.rate for r in wide_runs]):,.0f}/s",
-        flush=True,
-    )
-
-
-def _print_tables(rows, tuned: int) -> None:
-    print(
-        "\n| N | plain Ray tasks | actor per step | choreography default | "
-        f"choreography max_parallel_steps={tuned} | same, 2 worker hosts per node | "
-        "default / Ray | tuned / Ray | 2 workers / Ray |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n, ray_seconds, default_runs, tuned_runs, actor_rate, wide_runs in rows:
-        ray_rate = n / median(ray_seconds)
-        d = median([r.rate for r in default_runs])
-        t = median([r.rate for r in tuned_runs])
-        w = median([r.rate for r in wide_runs])
-        actor = f"{actor_rate:,.1f}" if actor_rate else "—"
-        print(
-            f"| {n:,} | {ray_rate:,.0f} | {actor} | {d:,.0f} | {t:,.0f} | {w:,.0f} | "
-            f"{d / ray_rate:.1f}x | {t / ray_rate:.1f}x | {w / ray_rate:.1f}x |"
+            seconds, cpu = _measured(plain_ray_tasks, n)
+            ray_seconds.append(seconds)
+            ray_cpu.append(cpu)
+            for config in configs:
+                run, cpu = _measured(run_fanout, config.jobs, n, config.storage, config.name)
+                config.runs.append(run)
+                config.cpu.append(cpu)
+            for peer in peers:
+                for storage_kind in _peer_storages(configs):
+                    label = f"{peer} ({storage_kind})"
+                    peer_rates.setdefault(label, []).append(
+                        n / _peer(peer, n, storage_kind, args, workdir)
+                    )
+        actor_rate = n / actor_per_step(n) if args.actor_per_step and n <= 200 else None
+        row = (
+            n,
+            ray_seconds,
+            ray_cpu,
+            {c.name: (list(c.runs), list(c.cpu)) for c in configs},
+            peer_rates,
+            actor_rate,
         )
-    print("\nstep latency, dispatch to persisted outcome (median run), seconds")
-    print(
-        "| N | default p50 | default p99 | tuned p50 | tuned p99 | 2 workers p50 | 2 workers p99 |"
+        rows.append(row)
+        _print_row(row)
+    _print_tables(rows, configs)
+    if args.plot:
+        _plot(rows, configs, Path(args.plot))
+    if args.actor_per_step and all(n > 200 for n in sizes):
+        print(f"\none detached actor per step, N = 200: {200 / actor_per_step(200):,.1f} steps/s")
+    last = rows[-1]
+    ray_rate = last[0] / median(last[1])
+    ratios = " ".join(
+        f"{name}={median([r.rate for r in runs]) / ray_rate:.2f}"
+        for name, (runs, _) in last[3].items()
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n, _, default_runs, tuned_runs, _, wide_runs in rows:
-        cells = []
-        for run in (_median_run(default_runs), _median_run(tuned_runs), _median_run(wide_runs)):
-            cells += [f"{run.percentile(0.5):.3f}", f"{run.percentile(0.99):.3f}"]
-        print(f"| {n:,} | " + " | ".join(cells) + " |")
+    peers_line = " ".join(
+        f"{label.split()[0]}-{label.split('(')[1].rstrip(')')}={median(rates) / ray_rate:.2f}"
+        for label, rates in last[4].items()
+    )
+    print(f"\nratio N={last[0]} {ratios} {peers_line}".rstrip())
+
+
+def _peer_storages(configs: list[Config]) -> list[str]:
+    kinds = ["sqlite"]
+    if any(c.storage.startswith("postgresql") for c in configs):
+        kinds.append("postgres")
+    return kinds
+
+
+def _peer(peer: str, n: int, storage_kind: str, args: argparse.Namespace, workdir: Path) -> float:
+    if peer != "dbos":
+        raise SystemExit(f"--peers: unknown {peer!r} (known: dbos)")
+    from dbos_peer import dbos_fanout
+
+    return dbos_fanout(n, storage_kind, args.postgres, workdir)
+
+
+def _print_row(row) -> None:
+    n, ray_seconds, _, configs, peers, _ = row
+    cells = [f"plain Ray {n / median(ray_seconds):,.0f}/s"]
+    cells += [
+        f"{name} {median([r.rate for r in runs]):,.0f}/s" for name, (runs, _) in configs.items()
+    ]
+    cells += [f"{label} {median(rates):,.0f}/s" for label, rates in peers.items()]
+    print(f"N={n}: " + ", ".join(cells), flush=True)
+
+
+def _print_tables(rows, configs: list[Config]) -> None:
+    names = [c.name for c in configs]
+    peer_labels = sorted({label for row in rows for label in row[4]})
+    print(
+        "\n| N | plain Ray tasks | "
+        + " | ".join(names + peer_labels)
+        + " | "
+        + " | ".join(f"{name} / Ray" for name in names + peer_labels)
+        + " |"
+    )
+    print("|---:|" + "---:|" * (1 + 2 * (len(names) + len(peer_labels))))
+    for n, ray_seconds, _, by_config, peers, actor_rate in rows:
+        ray_rate = n / median(ray_seconds)
+        rates = [median([r.rate for r in by_config[name][0]]) for name in names]
+        rates += [median(peers[label]) if label in peers else float("nan") for label in peer_labels]
+        print(
+            f"| {n:,} | {ray_rate:,.0f} | "
+            + " | ".join(f"{rate:,.0f}" for rate in rates)
+            + " | "
+            + " | ".join(f"{rate / ray_rate:.2f}x" for rate in rates)
+            + " |"
+        )
+        if actor_rate:
+            print(f"(one detached actor per step, N = {n}: {actor_rate:,.1f} steps/s)")
+    print("\nCPU seconds per 10,000 steps (driver and every Ray process; medians)")
+    print("| N | plain Ray tasks | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * (1 + len(names)))
+    for n, _, ray_cpu, by_config, _, _ in rows:
+        cells = [median(ray_cpu) * 10_000 / n] + [
+            median(by_config[name][1]) * 10_000 / n for name in names
+        ]
+        print(f"| {n:,} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    print("\nstep latency, dispatch to persisted outcome (median run), seconds")
+    print("| N | config | p50 | p99 |")
+    print("|---:|---|---:|---:|")
+    for n, _, _, by_config, _, _ in rows:
+        for name in names:
+            run = _median_run(by_config[name][0])
+            print(f"| {n:,} | {name} | {run.percentile(0.5):.3f} | {run.percentile(0.99):.3f} |")
     print("\nstorage writes per step (median run) and peak host memory (MB)")
     print(
         "| N | config | record writes / step | round trips / step | "
         "controller peak RSS | worker peak RSS |"
     )
     print("|---:|---|---:|---:|---:|---:|")
-    for n, _, default_runs, tuned_runs, _, wide_runs in rows:
-        for run in (_median_run(default_runs), _median_run(tuned_runs), _median_run(wide_runs)):
+    for n, _, _, by_config, _, _ in rows:
+        for name in names:
+            run = _median_run(by_config[name][0])
             rows_written = run.writes["job_writes"] + run.writes["step_rows"]
             trips = run.writes["job_writes"] + run.writes["step_batches"]
             print(
-                f"| {n:,} | {run.label} | {rows_written / n:.2f} | {trips / n:.3f} | "
+                f"| {n:,} | {name} | {rows_written / n:.2f} | {trips / n:.3f} | "
                 f"{run.rss_peak_mb['controller']:,.0f} | {run.rss_peak_mb['worker']:,.0f} |"
             )
 
@@ -136,7 +295,7 @@ def _median_run(runs):
     return ordered[len(ordered) // 2]
 
 
-def _plot(rows, tuned: int, path: Path) -> None:
+def _plot(rows, configs: list[Config], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,38 +304,37 @@ def _plot(rows, tuned: int, path: Path) -> None:
     sizes = [row[0] for row in rows]
     figure, axes = plt.subplots(figsize=(7, 4.5))
     axes.plot(sizes, [row[0] / median(row[1]) for row in rows], "o-", label="plain Ray tasks")
-    axes.plot(
-        sizes,
-        [median([r.rate for r in row[2]]) for row in rows],
-        "s-",
-        label="choreography_ray, default options",
-    )
-    axes.plot(
-        sizes,
-        [median([r.rate for r in row[3]]) for row in rows],
-        "^-",
-        label=f"choreography_ray, max_parallel_steps={tuned}",
-    )
-    axes.plot(
-        sizes,
-        [median([r.rate for r in row[5]]) for row in rows],
-        "D-",
-        label=f"choreography_ray, max_parallel_steps={tuned}, 2 worker hosts per node",
-    )
+    for marker, config in zip("s^Dv<>", configs, strict=False):
+        axes.plot(
+            sizes,
+            [median([r.rate for r in row[3][config.name][0]]) for row in rows],
+            f"{marker}-",
+            label=f"choreography_ray, {config.name}",
+        )
+    for label in sorted({label for row in rows for label in row[4]}):
+        axes.plot(
+            sizes, [median(row[4].get(label, [float("nan")])) for row in rows], "x--", label=label
+        )
     axes.set_xscale("log")
+    axes.set_yscale("log")
     axes.set_xlabel("steps in the job (N)")
     axes.set_ylabel("steps per second (end to end)")
-    axes.set_title("Durable fan-out on one 2-core node (SQLite) vs plain Ray tasks")
+    axes.set_title("Durable fan-out on one 2-core node vs plain Ray tasks")
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
+    axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     print(f"\nplot: {path}")
 
 
+def _connect(workdir: Path, name: str):
+    url = f"sqlite:///{workdir / name}.db"
+    return cr.connect(url, namespace=f"bench-{name}", modules=["choreography_ray.bench"]), url
+
+
 def soak(args: argparse.Namespace, workdir: Path) -> None:
     """Host memory across many consecutive jobs: does anything accumulate?"""
-    jobs, _ = _connect(workdir, "soak", None)
+    jobs, _ = _connect(workdir, "soak")
     samples = []
     for index in range(args.soak):
         job_id = jobs.start(NoopFanOut, BenchRequest(steps=args.soak_steps))
@@ -201,7 +359,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> None:
 def fairness(args: argparse.Namespace, workdir: Path) -> None:
     """A 10-step job started while a large job runs on the same worker host: how long does it
     take, and how fast does the large job go meanwhile?"""
-    jobs, _ = _connect(workdir, "fairness", None)
+    jobs, _ = _connect(workdir, "fairness")
     warm = jobs.start(NoopFanOut, BenchRequest(steps=100))
     jobs.wait(warm)
     large_steps, small_steps = args.fairness_steps, 10
@@ -239,6 +397,16 @@ def main() -> None:
         "--workers", type=int, default=2, help="worker hosts per node, third config"
     )
     parser.add_argument("--plot", default="")
+    parser.add_argument(
+        "--configs",
+        default="default,tuned,wide",
+        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+    )
+    parser.add_argument("--postgres", default=POSTGRES, help="the pg-* configurations' server")
+    parser.add_argument("--peers", default="", help="comma-separated, of: dbos")
+    parser.add_argument(
+        "--actor-per-step", action="store_true", help="also one detached actor per step"
+    )
     parser.add_argument("--soak", type=int, default=0, help="jobs to run for the memory soak")
     parser.add_argument("--soak-steps", type=int, default=1000)
     parser.add_argument(
@@ -263,14 +431,8 @@ def main() -> None:
             else:
                 fanout(args, Path(tmp))
     finally:
-        for namespace in (
-            "bench-default",
-            "bench-tuned",
-            "bench-wide",
-            "bench-soak",
-            "bench-fairness",
-        ):
-            stop_hosts(namespace)
+        for name in (*CONFIGS, "soak", "fairness"):
+            stop_hosts(f"bench-{name}")
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 

@@ -17,13 +17,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from .errors import InvalidOptionError
 
 ENV_PREFIX = "CHOREOGRAPHY_"
 
 _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_ISO_DURATION = TypeAdapter(timedelta)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _FOREVER = {"infinite", "forever", "never", "none", "off"}
 CALLABLE_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -44,6 +45,13 @@ def parse_duration(value: Any) -> timedelta:
         if match:
             unit = match["unit"].lower() if match["unit"] else None
             seconds = float(match["n"]) * _UNIT_SECONDS[unit]
+        elif value.strip().upper().startswith(("P", "-P")):
+            # ISO 8601, as the options' own JSON form writes durations (the cluster's stored
+            # configuration reads back what `connect` wrote).
+            try:
+                return _ISO_DURATION.validate_python(value.strip())
+            except ValidationError:
+                pass
     if seconds is None:
         raise ValueError(f"expected a duration such as 10s, 5m, 1h or 7d; got {value!r}")
     if isinstance(seconds, float) and not math.isfinite(seconds):

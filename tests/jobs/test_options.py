@@ -509,3 +509,14 @@ def test_with_changes_validates_like_the_constructor(setting: str, value: Any) -
     with pytest.raises(InvalidOptionError) as caught:
         JobsOptions().with_changes(**{setting: value})
     assert caught.value.setting == setting
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_every_setting_reads_back_from_its_own_json_form(setting: str) -> None:
+    """`connect` stores the options as JSON in the cluster's configuration and every host reads
+    them back: a duration set in code came back as ISO text ('PT30S') and was refused."""
+    kind, _ = SETTINGS[setting]
+    _, value = VALID_TEXT[kind]
+    options = JobsOptions(**{setting: value})
+    stored = options.model_dump(mode="json", exclude_unset=True)
+    assert getattr(JobsOptions.from_mapping(stored), setting) == getattr(options, setting)
