@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from choreography_ray.jobs import (
     InvalidRequestError,
@@ -486,3 +486,48 @@ def test_the_decorator_uses_the_default_registry_when_none_is_given() -> None:
     finally:
         default_registry.unregister(name)
     assert not default_registry.knows(name)
+
+
+def test_requests_checked_in_batches_are_dumped_exactly_as_one_by_one(
+    registry: TypeRegistry,
+) -> None:
+    registry.register(Measure, kind="request", name="lab.measure")
+    registry.register(Invoice, kind="request", name="shop.invoice-request")
+    values = [Measure(value=n / 3, values=[n, -0.0]) for n in range(50)] + [
+        Invoice(total=n) for n in range(5)
+    ]
+    values.insert(7, Invoice(total=0.1))
+    assert registry.dump_requests(values) == [registry.dump_request(v) for v in values]
+
+
+class Doubling(BaseModel):
+    """Its validator changes what it reads: what it writes does not read back the same."""
+
+    amount: int
+
+    @field_validator("amount")
+    @classmethod
+    def _double(cls, value: int) -> int:
+        return value * 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (Measure(value=float("nan")), "nan at value"),
+        (Doubling(amount=3), "reads back different"),
+        (Coarse(amount=3), "reads back different"),
+        (Unloadable(amount=1), "does not survive a JSON round trip"),
+    ],
+)
+def test_a_bad_request_in_a_batch_is_refused_as_it_is_alone(
+    registry: TypeRegistry, bad: BaseModel, message: str
+) -> None:
+    for cls, name in ((Measure, "lab.measure"), (Coarse, "lab.coarse")):
+        registry.register(cls, kind="request", name=name)
+    registry.register(Unloadable, kind="request", name="lab.unloadable")
+    registry.register(Doubling, kind="request", name="lab.doubling")
+    values = [Measure(value=n) for n in range(20)]
+    values.insert(11, bad)
+    with pytest.raises(InvalidRequestError, match=message):
+        registry.dump_requests(values)
