@@ -137,11 +137,13 @@ class Partitions(Generic[K]):
     def failing(self) -> frozenset[K]:
         return self._retries.failing
 
-    async def recover(self, keys: Iterable[K]) -> None:
-        """Rehydrate every partition of `keys` not yet known; failures are logged and retried
-        in the background, and never hold up the partitions after them."""
+    async def recover(self, keys: Iterable[K], *, again: bool = False) -> None:
+        """Rehydrate every partition of `keys` not yet known (with `again`, known ones too: a
+        membership change may have left their jobs without a live activation); failures are
+        logged and retried in the background, and never hold up the partitions after them.
+        A partition being retried is attempted at once, not after its chain's wait."""
         for key in keys:
-            if key not in self.known:
+            if again or key not in self.known:
                 with contextlib.suppress(Exception):
                     await self._retries.run(key)
 
