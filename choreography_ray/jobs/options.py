@@ -112,6 +112,9 @@ class JobsOptions(BaseModel):
     reconciliation_interval: timedelta = timedelta(seconds=60)
     """How often one controller host sweeps storage for unfinished jobs that no live
     activation holds (expired ownership lease) and resumes them; zero turns the sweep off."""
+    membership_interval: timedelta = timedelta(seconds=1)
+    """How often every controller host reads the cluster's nodes and host actors, to notice a
+    node that died or joined and a host actor that was killed."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -145,6 +148,14 @@ class JobsOptions(BaseModel):
         duration = parse_duration(value)
         if duration <= timedelta(0):
             raise ValueError("must be positive: a wait on another host cannot last forever")
+        return duration
+
+    @field_validator("membership_interval", mode="before")
+    @classmethod
+    def _cadence(cls, value: Any) -> timedelta:
+        duration = parse_duration(value)
+        if duration <= timedelta(0):
+            raise ValueError("must be positive: the cluster is read this often")
         return duration
 
     @field_validator("key_providers", mode="before")

@@ -81,6 +81,8 @@ class Rehydration:
                     return  # the host stopped: the job stays in storage for the next pass
                 try:
                     await self._recover(job.id, report)
+                except OwnedElsewhereError:
+                    report.skipped.append(job.id)  # a live controller host runs it
                 except Exception as error:
                     log.warning("job %s could not be recovered: %s", job.id, error)
                     report.failed.append(job.id)

@@ -94,7 +94,10 @@ class MembershipWatch:
     async def start(self) -> None:
         """Take the baseline reading, then keep reading until `close`."""
         if self._loop is None:
-            self.latest = await asyncio.to_thread(self.read)
+            try:
+                self.latest = await asyncio.to_thread(self.read)
+            except Exception:  # the next reading that works is the baseline
+                log.exception("%s: reading the cluster's membership failed", self.host.name)
             self._loop = asyncio.get_running_loop().create_task(self._keep())
 
     def close(self) -> None:

@@ -32,6 +32,9 @@ class ClusterConfig(BaseModel):
     """Modules every host imports, so job and step types resolve by name."""
     keys: list[JobKey] = Field(default_factory=list)
     """Every (scope, namespace) a client has used: the partitions hosts recover."""
+    max_parallel_steps: int | None = None
+    workers_per_node: int = 1
+    """How the first `connect` placed worker hosts: a node that joins later gets the same."""
 
     def jobs_options(self) -> JobsOptions:
         return JobsOptions.from_mapping(self.options)

@@ -82,6 +82,10 @@ def connect(
     init_ray(address, namespace, runtime_env)
     previous = read_config(namespace)
     config = _wanted_config(previous, storage, options, list(modules))
+    if previous is None:
+        config = config.model_copy(
+            update={"max_parallel_steps": max_parallel_steps, "workers_per_node": workers_per_node}
+        )
     if config is not previous:
         write_config(config, namespace)
     try:

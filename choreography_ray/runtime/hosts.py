@@ -39,12 +39,14 @@ from ..recovery.keys import KeyCatalogReader
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
+from ..recovery.watch import MembershipWatch
 from ..storage.protocols import JobQuery, StepCounts
 from .config import import_modules
 from .constants import WORKER_PREFIX, controller_name, worker_name
 from .directory import RayDirectory
 from .dispatch import RayDispatcher, RayReporter
 from .host_process import cluster_config, configure_logging, rss_kb, tune_gc
+from .membership import membership_watch
 from .metrics import Metrics
 from .remote_storage import RemoteMemoryStorage, open_cluster_storage
 from .routes import Routes
@@ -120,10 +122,12 @@ class ControllerHost(_Host):
         self._sweeper: asyncio.Task[None] | None = None
         self.lost_steps = 0
         """Steps sent again (or counted stopped) because their worker host was lost."""
+        self.membership: MembershipWatch | None = None
 
     async def _start(self) -> None:
         self.routes.on_dead(self._host_gone)
         await super()._start()
+        await self._watch_membership()
         await self._refresh()
         if self._sweeper is None and self.options.reconciliation_interval.total_seconds() > 0:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
@@ -149,6 +153,23 @@ class ControllerHost(_Host):
                     await self.manager(key).reconcile()
             except Exception:
                 log.exception("%s: the reconciliation sweep failed; it runs again", self.name)
+
+    async def _watch_membership(self) -> None:
+        """Start the membership watch (once): from its first reading on, a node that dies or
+        joins and a host actor that is killed are noticed within `membership_interval`."""
+        if self.membership is None:
+            self.membership = membership_watch(self, WorkerHost)
+            await self.membership.start()
+
+    def _membership_stats(self) -> dict[str, Any]:
+        watch = self.membership
+        if watch is None:
+            return {"membership_lost": [], "membership_passes": 0, "membership_started": []}
+        return {
+            "membership_lost": list(watch.lost),
+            "membership_passes": watch.passes,
+            "membership_started": list(watch.started),
+        }
 
     def _host_gone(self, name: str) -> None:
         """A worker host died (Ray said so on a call, or it left Ray's named actors): its
@@ -291,6 +312,7 @@ class ControllerHost(_Host):
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             **writes,
             "lost_steps": self.lost_steps,
+            **self._membership_stats(),
             "rss_kb": rss_kb(),
         }
 
@@ -307,6 +329,8 @@ class ControllerHost(_Host):
             task.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.membership is not None:
+            self.membership.close()
         for manager in self.managers.values():
             manager.close()
         self.routes.close()

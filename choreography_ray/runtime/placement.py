@@ -11,14 +11,14 @@ import logging
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..jobs.errors import ConfigurationError
 from ..placement.roles import NodeFacts, NodeRoles, assign_roles, worker_share
 from .config import require_config, write_config
-from .constants import ACTOR_PREFIX, controller_name, worker_name
+from .constants import ACTOR_PREFIX
 from .directory import actor_names
 from .hosts import ControllerHost, WorkerHost
+from .node_hosts import create_node_hosts
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -36,17 +36,6 @@ def node_roles() -> list[NodeRoles]:
     return assign_roles(node_facts())
 
 
-def _pinned(node_id: str) -> dict[str, Any]:
-    return {
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
-        "lifetime": "detached",
-        "get_if_exists": True,
-        "num_cpus": 0,
-        "max_concurrency": 10_000,
-        "max_restarts": 0,
-    }
-
-
 def start_hosts(
     namespace: str, max_parallel_steps: int | None = None, workers_per_node: int = 1
 ) -> dict[str, Any]:
@@ -59,21 +48,18 @@ def start_hosts(
     share = worker_share(max_parallel_steps, workers_per_node)
     hosts: dict[str, Any] = {}
     for roles in node_roles():
-        if roles.controller:
-            name = controller_name(roles.node_id)
-            hosts[name] = (
-                ray.remote(ControllerHost)
-                .options(name=name, namespace=namespace, **_pinned(roles.node_id))
-                .remote(namespace, roles.node_id)
+        hosts.update(
+            create_node_hosts(
+                namespace,
+                roles.node_id,
+                controller=roles.controller,
+                worker=roles.worker,
+                worker_share=share,
+                workers_per_node=workers_per_node,
+                controller_class=ControllerHost,
+                worker_class=WorkerHost,
             )
-        if roles.worker:
-            for index in range(workers_per_node):
-                name = worker_name(roles.node_id, index)
-                hosts[name] = (
-                    ray.remote(WorkerHost)
-                    .options(name=name, namespace=namespace, **_pinned(roles.node_id))
-                    .remote(namespace, roles.node_id, share, index)
-                )
+        )
     # Hosts that already ran keep their state; refresh makes them read new modules and keys.
     ray.get([handle.ready.remote() for handle in hosts.values()])
     failures = sorted(

@@ -8,6 +8,7 @@ declares a killed node dead in about a second and a half instead of about fiftee
 
     with MultiNodeCluster("sqlite:///jobs.db", modules=["my_jobs"]) as cluster:
         job_id = cluster.jobs.start(MyJob, MyRequest())
+        cluster.add_node("worker")          # a node joins; the hosts start its host actors
         cluster.remove_node("worker")       # SIGKILL of the last worker node's processes
         cluster.kill_host(name)             # SIGKILL of one host actor's process
         cluster.restart()                   # the whole cluster again, over the same storage
@@ -189,6 +190,24 @@ class MultiNodeCluster:
         _still_running(workers, _EXIT_SECONDS)
         self._nodes.clear()
         self._removed_at.clear()
+
+    def add_node(self, role: Role) -> str:
+        """Start one more node declaring `role`, as a machine that joins the running cluster;
+        returns its node id once Ray lists it. Nothing else is done: the controller hosts'
+        membership watch starts its host actors. A `restart()` starts the layout alone."""
+        if self._cluster is None:
+            raise RuntimeError("the cluster is not running (start() it)")
+        if role not in _RESOURCES:
+            raise ConfigurationError(
+                f"add_node: unknown role {role!r} (expected one of {', '.join(_RESOURCES)})"
+            )
+        with _ray_address_file_untouched():
+            node = self._cluster.add_node(
+                wait=True, num_cpus=self.cpus_per_node, resources=dict(_RESOURCES[role])
+            )
+            self._cluster.wait_for_nodes(timeout=self.node_timeout)
+        self._nodes[node.node_id] = (ClusterNode(node.node_id, role, False), node)
+        return str(node.node_id)
 
     def _start_nodes(self) -> None:
         with _ray_address_file_untouched():

@@ -19,7 +19,7 @@ from choreography_ray.jobs import InvalidOptionError, JobsOptions, parse_duratio
 #   count      a whole number, at least 1
 #   optional   a whole number, at least 1, or None
 #   size       a whole number of bytes, at least 0
-#   timeout    a positive timedelta (a wait that must end)
+#   timeout    a positive timedelta (a wait that must end, or a cadence)
 #   names      importable module:callable names, as a list or comma-separated text
 SETTINGS: dict[str, tuple[str, Any]] = {
     "max_parallel_steps": ("optional", None),
@@ -49,6 +49,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "host_call_timeout": ("timeout", timedelta(seconds=10)),
     "job_ownership_lease": ("timeout", timedelta(seconds=60)),
     "reconciliation_interval": ("duration", timedelta(seconds=60)),
+    "membership_interval": ("timeout", timedelta(seconds=1)),
     "key_providers": ("names", ()),
 }
 

@@ -1,0 +1,159 @@
+"""The membership watch on Ray: the cluster read from Ray's node table and named actors, and a
+controller host wired in as the watch's participant (`recovery.watch`).
+
+Everything here that asks Ray blocks on its control store, so it runs in a thread: the watch
+reads once per `membership_interval`, never per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from ..jobs.state import JobKey
+from ..placement.roles import NodeFacts, assign_roles, worker_share
+from ..recovery.keys import KeyCatalog
+from ..recovery.membership import ClusterSnapshot, NodeInfo
+from ..recovery.watch import MembershipWatch
+from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
+from .directory import actor_names
+from .host_process import cluster_config
+from .node_hosts import create_node_hosts
+
+if TYPE_CHECKING:
+    from .hosts import ControllerHost
+
+log = logging.getLogger("choreography_ray.runtime")
+
+HOST_START_SECONDS = 120.0
+"""How long the host actors of a joined node may take to start (a process each, and the job
+modules to import) before the attempt counts as failed and is retried."""
+
+
+def host_node(name: str) -> str:
+    """The node id in a host actor's name (`choreography:worker:<node id>[:<index>]`)."""
+    for prefix in HOST_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :].split(":", 1)[0]
+    raise ValueError(f"{name!r} is not the name of a host actor")
+
+
+class RayCluster:
+    """Reads `ClusterSnapshot`s of one namespace from Ray (blocking: call it in a thread)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._starts: dict[str, float] = {}
+
+    def __call__(self) -> ClusterSnapshot:
+        table = ray.nodes()
+        facts = [
+            NodeFacts(node["NodeID"], bool(node.get("Alive")), dict(node.get("Resources", {})))
+            for node in table
+        ]
+        roles = {roles.node_id: roles for roles in assign_roles(facts)}
+        if any(node["NodeID"] not in self._starts for node in table):
+            self._starts.update(node_start_times())
+        nodes = []
+        for node in table:
+            node_id = node["NodeID"]
+            role = roles.get(node_id)
+            nodes.append(
+                NodeInfo(
+                    node_id,
+                    bool(node.get("Alive")),
+                    f"{node.get('NodeManagerAddress', '')}:{node.get('NodeManagerPort', '')}",
+                    self._starts.get(node_id),
+                    controller=role is not None and role.controller,
+                    worker=role is not None and role.worker,
+                )
+            )
+        hosts = {name: host_node(name) for name in actor_names(self.namespace)}
+        return ClusterSnapshot.of(nodes, hosts)
+
+
+def node_start_times() -> dict[str, float]:
+    """When each node started (seconds since the epoch), from the control store's node table;
+    empty when it cannot be read: the election then orders nodes by address alone.
+
+    `ray.nodes()` leaves the start out, so this reads the node table through the driver's
+    control store client, which Ray does not document (see docs/decisions.md)."""
+    try:
+        client = ray._private.worker.global_worker.gcs_client
+        infos = client.get_all_node_info(timeout=10)
+        return {node_id.hex(): info.start_time_ms / 1000 for node_id, info in infos.items()}
+    except Exception as error:
+        log.warning("the nodes' start times could not be read (%s); ordering by address", error)
+        return {}
+
+
+class ControllerParticipant:
+    """A controller host, as its membership watch acts through it."""
+
+    def __init__(self, host: ControllerHost, worker_class: type) -> None:
+        self.host = host
+        self.name = host.name
+        self.worker_class = worker_class
+
+    def is_controller(self, name: str) -> bool:
+        return name.startswith(CONTROLLER_PREFIX)
+
+    async def hosts_lost(self, names: set[str]) -> None:
+        await self.host.hosts_lost(names)
+
+    async def hosts_changed(self) -> None:
+        await self.host.routes.refresh()
+
+    async def catalog(self) -> KeyCatalog:
+        if self.host.catalog is None:
+            return KeyCatalog((), ("the key catalog (the host has not started)",))
+        return await self.host.catalog.read()
+
+    async def rehydrate(self, catalog: KeyCatalog) -> None:
+        """Every partition: the catalog's, the configuration's and those this host serves,
+        known ones again (their jobs may have lost their activation with the dead host)."""
+        config = await asyncio.to_thread(cluster_config, self.host.namespace)
+        keys: list[JobKey] = list(dict.fromkeys([*config.keys, *catalog.keys, *self.host.managers]))
+        await self.host.partitions.recover(keys, again=True)
+
+    async def start_node(self, node: NodeInfo) -> None:
+        """Create the node's host actors and wait until they are ready and have read the
+        configuration, as `connect` does; raises when one does not (the watch retries)."""
+        config = await asyncio.to_thread(cluster_config, self.host.namespace)
+        handles: dict[str, Any] = await asyncio.to_thread(
+            create_node_hosts,
+            self.host.namespace,
+            node.node_id,
+            controller=node.controller,
+            worker=node.worker,
+            worker_share=worker_share(config.max_parallel_steps, config.workers_per_node),
+            workers_per_node=config.workers_per_node,
+            controller_class=type(self.host),
+            worker_class=self.worker_class,
+        )
+        async with asyncio.timeout(HOST_START_SECONDS):
+            await asyncio.gather(*(handle.ready.remote() for handle in handles.values()))
+            answers = await asyncio.gather(*(h.refresh.remote() for h in handles.values()))
+        failed = sorted({failure for answer in answers for failure in answer or []})
+        if failed:
+            log.error("host actors of node %s could not import: %s", node.node_id, failed)
+        log.warning(
+            "%s: started host actor(s) %s on node %s, which joined the cluster",
+            self.name,
+            ", ".join(sorted(handles)),
+            node.node_id,
+        )
+        await self.host.routes.refresh()
+
+
+def membership_watch(host: ControllerHost, worker_class: type) -> MembershipWatch:
+    """The watch of a controller host, reading Ray every `membership_interval`."""
+    return MembershipWatch(
+        ControllerParticipant(host, worker_class),
+        RayCluster(host.namespace),
+        host.clock,
+        interval=host.options.membership_interval.total_seconds(),
+    )
