@@ -64,8 +64,10 @@ def test_a_joined_worker_node_gets_a_worker_host_without_up(cluster, seen, tmp_p
     node_id = cluster.add_node("worker")
     name = worker_name(node_id)
 
-    _eventually(lambda: name in cluster.host_names(), f"{name} started")
-    assert node_id in _controller_stats(cluster)["membership_started"]
+    _eventually(lambda: name in cluster.host_names(), f"{name} created")
+    _eventually(
+        lambda: node_id in _controller_stats(cluster)["membership_started"], f"{name} ready"
+    )
     seen["joined"] = node_id
 
     job_id = cluster.jobs.start(WhereJob, Where(directory=str(tmp_path), steps=20))
