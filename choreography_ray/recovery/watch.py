@@ -148,6 +148,12 @@ class MembershipWatch:
     def _controllers(self, snapshot: ClusterSnapshot) -> Iterable[str]:
         return [name for name in snapshot.hosts if self.host.is_controller(name)]
 
+    @property
+    def elected(self) -> bool:
+        """Whether this host is the elected one in the latest reading (true before any: a
+        duty nobody takes is worse than one taken twice)."""
+        return self.latest is None or self._elected(self.latest)
+
     def _elected(self, snapshot: ClusterSnapshot) -> bool:
         chosen = elected(snapshot, self._controllers(snapshot))
         return chosen is None or chosen == self.host.name

@@ -133,9 +133,9 @@ class ControllerHost(_Host):
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     def _sweeps(self) -> bool:
-        """Whether this controller host runs the reconciliation sweep: one host at a time, the
-        first in the routing table's order (any of them would do: a sweep is harmless twice)."""
-        return min(self.routes.controllers, default=self.name) >= self.name
+        """Whether this controller host runs the reconciliation sweep: the one the membership
+        watch elects (the oldest live controller host; a sweep twice is harmless)."""
+        return self.membership is None or self.membership.elected
 
     async def _sweep_forever(self) -> None:
         """Every `reconciliation_interval`, on one controller host: claim and resume the

@@ -419,3 +419,26 @@ def test_a_pass_with_again_rehydrates_known_partitions_and_skips_the_retry_wait(
         partitions.close()
 
     run(scenario())
+
+
+def test_the_watch_says_whether_its_host_is_elected_for_single_duties(run: Any) -> None:
+    """The reconciliation sweep runs on the elected host only (a duty nobody takes before the
+    first reading is worse than one taken twice)."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        second = MembershipWatch(Host("c:second"), Readings(FULL), clock, interval=1.0)
+        assert second.elected  # nothing read yet
+        await second.start()
+        assert not second.elected  # c:head is older
+        head_readings = Readings(FULL)
+        head = await _watching(Host("c:head"), head_readings, clock)
+        assert head.elected
+        head_readings.then(snapshot(dead(HEAD), SECOND, W1, W2))
+        second.read.then(snapshot(dead(HEAD), SECOND, W1, W2))  # type: ignore[attr-defined]
+        await _tick(clock, second.read)  # type: ignore[arg-type]
+        assert second.elected
+        head.close()
+        second.close()
+
+    run(scenario())
