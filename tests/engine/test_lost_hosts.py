@@ -17,6 +17,31 @@ def _cluster(options: JobsOptions, workers: int = 2) -> InProcessCluster:
     return InProcessCluster(options=options, workers=workers)
 
 
+async def _blocked(cluster: InProcessCluster, script, keys: str, job=ScenarioJob) -> str:
+    """Start a job whose steps (one per key) block until released; settled."""
+    for key in keys:
+        script.behaviour[key].block = True
+    result = await cluster.start(job, request(*keys))
+    await cluster.settle()
+    return result.job_id
+
+
+def _placed(cluster: InProcessCluster, job_id: str) -> dict[str, str]:
+    """Which worker host holds a run of which step."""
+    return {
+        run.step_id: host
+        for host, worker in cluster.workers.items()
+        for run in worker.runs_of(job_id)
+    }
+
+
+def _lose_controllers(cluster: InProcessCluster) -> None:
+    """The controllers are lost, the workers live: the next call activates jobs afresh."""
+    for manager in cluster.managers.values():
+        manager.close()
+    cluster.managers.clear()
+
+
 async def _keys_on(cluster: InProcessCluster, host: str, job_id: str) -> set[str]:
     """The keys of the steps whose runs are on `host`."""
     ids = {run.step_id for run in cluster.workers[host].runs_of(job_id)}
@@ -29,19 +54,16 @@ def test_a_lost_worker_hosts_steps_run_again_on_another_and_count_once(run, scri
 
     async def scenario():
         async with cluster:
-            for key in "abcd":
-                script.behaviour[key].block = True
-            result = await cluster.start(ScenarioJob, request(*"abcd"))
-            await cluster.settle()
-            lost = await _keys_on(cluster, "worker-1", result.job_id)
-            kept = await _keys_on(cluster, "worker-0", result.job_id)
+            job_id = await _blocked(cluster, script, "abcd")
+            lost = await _keys_on(cluster, "worker-1", job_id)
+            kept = await _keys_on(cluster, "worker-0", job_id)
             assert lost and kept and lost | kept == set("abcd")
             await cluster.lose_worker("worker-1")
             await cluster.settle()
-            assert await _keys_on(cluster, "worker-0", result.job_id) == set("abcd")
+            assert await _keys_on(cluster, "worker-0", job_id) == set("abcd")
             script.release(*"abcd")
-            state = await cluster.wait(result.job_id)
-            steps = await cluster.storage().steps.get_for_job(result.job_id)
+            state = await cluster.wait(job_id)
+            steps = await cluster.storage().steps.get_for_job(job_id)
             return lost, kept, state, steps
 
     lost, kept, state, steps = run(scenario())
@@ -123,26 +145,16 @@ def test_a_resumed_job_sends_a_running_step_back_to_the_host_that_runs_it(run, s
 
     async def scenario():
         async with cluster:
-            for key in "ab":
-                script.behaviour[key].block = True
-            result = await cluster.start(ScenarioJob, request("a", "b"))
-            await cluster.settle()
-            placed = {
-                run.step_id: host
-                for host, worker in cluster.workers.items()
-                for run in worker.runs_of(result.job_id)
-            }
-            # The controller is lost, the workers live: a new activation recounts and resends.
-            for manager in cluster.managers.values():
-                manager.close()
-            cluster.managers.clear()
+            job_id = await _blocked(cluster, script, "ab")
+            placed = _placed(cluster, job_id)
+            _lose_controllers(cluster)
             cluster._turn = 1  # round robin alone would now send each step to the other host
             sent = len(cluster.sent)
             await (await cluster.manager().rehydrate())
             await cluster.settle()
             resent = cluster.sent[sent:]
             script.release("a", "b")
-            return placed, resent, await cluster.wait(result.job_id)
+            return placed, resent, await cluster.wait(job_id)
 
     placed, resent, state = run(scenario())
     steps_on = {step: host for host, step in resent}
@@ -187,11 +199,8 @@ def test_a_stop_finishes_when_a_host_that_was_stopping_steps_is_lost(run, script
 
     async def scenario():
         async with cluster:
-            for key in "ab":
-                script.behaviour[key].block = True
-            result = await cluster.start(ScenarioJob, request("a", "b"))
-            await cluster.settle()
-            [doomed] = cluster.workers["worker-1"].runs_of(result.job_id)
+            job_id = await _blocked(cluster, script, "ab")
+            [doomed] = cluster.workers["worker-1"].runs_of(job_id)
             real = cluster.report
 
             async def losing(job_key, job_id, reports):
@@ -201,11 +210,11 @@ def test_a_stop_finishes_when_a_host_that_was_stopping_steps_is_lost(run, script
                     await real(job_key, job_id, kept)
 
             cluster.report = losing
-            await cluster.manager().stop(result.job_id)
+            await cluster.manager().stop(job_id)
             await cluster.settle()
             assert "on_stopped" not in script.hooks  # one step has not reported its stop
             await cluster.lose_worker("worker-1")
-            return await cluster.wait(result.job_id)
+            return await cluster.wait(job_id)
 
     state = run(scenario())
     assert state.status == JobStatus.STOPPED and state.stop_finalized
@@ -222,25 +231,16 @@ def test_a_new_activation_sends_queued_runs_back_to_the_host_that_holds_them(run
 
     async def scenario():
         async with cluster:
-            for key in "abcd":
-                script.behaviour[key].block = True
-            result = await cluster.start(ScenarioJob, request(*"abcd"))
-            await cluster.settle()  # each host performs one step and queues one
-            held = {
-                run.step_id: host
-                for host, worker in cluster.workers.items()
-                for run in worker.runs_of(result.job_id)
-            }
-            for manager in cluster.managers.values():
-                manager.close()
-            cluster.managers.clear()
+            job_id = await _blocked(cluster, script, "abcd")  # each host performs one, queues one
+            held = _placed(cluster, job_id)
+            _lose_controllers(cluster)
             cluster._turn = 1  # round robin alone would send each step to the other host
             sent = len(cluster.sent)
             await (await cluster.manager().rehydrate())
             await cluster.settle()
             resent = dict((step, host) for host, step in cluster.sent[sent:])
             script.release(*"abcd")
-            return held, resent, await cluster.wait(result.job_id)
+            return held, resent, await cluster.wait(job_id)
 
     held, resent, state = run(scenario())
     assert len(held) == 4 and resent == held

@@ -12,7 +12,9 @@ from choreography_ray.recovery import Rehydration
 from .fixtures import ScenarioJob, request
 
 
-def _host(cluster, name: str, alive: set[str]) -> JobsManager:
+def host(cluster, name: str, alive: set[str], storage=None) -> JobsManager:
+    """The jobs manager of controller host `name`, which takes the hosts in `alive` as live."""
+
     async def owner_alive(owner: JobOwner) -> bool:
         return owner.host in alive
 
@@ -20,7 +22,7 @@ def _host(cluster, name: str, alive: set[str]) -> JobsManager:
     return JobsManager(
         EngineContext(
             key=base.key,
-            storage=base.storage,
+            storage=storage or base.storage,
             registry=default_registry,
             options=base.options,
             clock=base.clock,
@@ -37,7 +39,7 @@ def test_a_job_started_on_a_host_is_owned_by_it_and_another_live_host_refuses_it
 ):
     script.behaviour["a"].block = True
     alive = {"host-a", "host-b"}
-    first, second = _host(cluster, "host-a", alive), _host(cluster, "host-b", alive)
+    first, second = host(cluster, "host-a", alive), host(cluster, "host-b", alive)
 
     async def scenario():
         result = await first.start(ScenarioJob, request("a"))
@@ -55,7 +57,7 @@ def test_a_job_started_on_a_host_is_owned_by_it_and_another_live_host_refuses_it
 def test_a_job_whose_owner_is_gone_is_taken_over_by_compare_and_set(run, cluster, script):
     script.behaviour["a"].block = True
     alive = {"host-a", "host-b"}
-    first, second = _host(cluster, "host-a", alive), _host(cluster, "host-b", alive)
+    first, second = host(cluster, "host-a", alive), host(cluster, "host-b", alive)
 
     async def scenario():
         result = await first.start(ScenarioJob, request("a"))

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from choreography_ray.engine.context import EngineContext
-from choreography_ray.engine.manager import JobsManager
-from choreography_ray.jobs import JobOwner, JobsOptions, default_registry
+from choreography_ray.jobs import JobsOptions
 from choreography_ray.jobs.status import JobStatus
-from choreography_ray.recovery import Rehydration
 from choreography_ray.testing import InProcessCluster
 
 from .fixtures import ScenarioJob, request
+from .test_ownership import host as manager_of
 
 LEASE = 60.0
 
@@ -54,29 +52,10 @@ def _options() -> JobsOptions:
     )
 
 
-def _host(cluster: InProcessCluster, name: str, alive: set[str], storage=None) -> JobsManager:
-    async def owner_alive(owner: JobOwner) -> bool:
-        return owner.host in alive
-
-    return JobsManager(
-        EngineContext(
-            key=cluster.manager().ctx.key,
-            storage=storage or cluster.storage(),
-            registry=default_registry,
-            options=cluster.options,
-            clock=cluster.clock,
-            dispatcher=cluster,
-            owner=JobOwner(host=name, activation_epoch=1),
-            owner_alive=owner_alive,
-        ),
-        recovery=Rehydration,
-    )
-
-
 def test_a_job_whose_running_acknowledgement_was_lost_is_resumed_by_the_sweep(run, script):
     cluster = InProcessCluster(options=_options())
     storage = _Storage(cluster.storage())
-    host = _host(cluster, "host-a", {"host-a"}, storage)
+    host = manager_of(cluster, "host-a", {"host-a"}, storage)
     cluster.managers[cluster.manager().ctx.key] = host  # reports reach host-a
 
     async def scenario():
@@ -106,8 +85,8 @@ def test_the_sweep_takes_over_a_job_whose_owner_lives_but_whose_lease_expired(ru
     async def scenario():
         async with cluster:
             script.behaviour["a"].block = True
-            first = _host(cluster, "host-a", alive)
-            second = _host(cluster, "host-b", alive)
+            first = manager_of(cluster, "host-a", alive)
+            second = manager_of(cluster, "host-b", alive)
             cluster.managers[first.ctx.key] = first
             result = await first.start(ScenarioJob, request("a"))
             await cluster.settle()
