@@ -27,6 +27,10 @@ _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*$", 
 _ISO_DURATION = TypeAdapter(timedelta)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _FOREVER = {"infinite", "forever", "never", "none", "off"}
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A node label key as Ray and Kubernetes take it: an optional DNS prefix and `/`, a name."""
 CALLABLE_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 """An importable callable named as `module:callable`, e.g. `myapp.recovery:job_keys`."""
 
@@ -118,6 +122,10 @@ class JobsOptions(BaseModel):
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
+    role_label: str = "choreography.io/role"
+    """The Ray node label whose value (controller, worker, both) gives a node its roles."""
+    parallelism_label: str = "choreography.io/max-parallel-steps"
+    """The Ray node label that sets a worker node's own `max_parallel_steps`."""
 
     @field_validator(
         "dead_job_threshold",
@@ -173,6 +181,13 @@ class JobsOptions(BaseModel):
                     f"expected an importable callable as module:callable, got {name!r}"
                 )
         return names
+
+    @field_validator("role_label", "parallelism_label", mode="before")
+    @classmethod
+    def _label_key(cls, value: Any) -> str:
+        if not isinstance(value, str) or not LABEL_KEY.match(value.strip()):
+            raise ValueError(f"expected a node label key such as example.com/role, got {value!r}")
+        return value.strip()
 
     @field_validator("terminal_job_retention", mode="before")
     @classmethod

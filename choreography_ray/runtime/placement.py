@@ -1,7 +1,8 @@
 """Starting the host actors where placement puts them, and stopping them.
 
-Which node takes which role is decided by `placement.roles` from the nodes' facts; this module
-reads those facts from Ray and creates the actors.
+Which node takes which role, and how many steps a worker node performs at once, is decided by
+`placement.roles` from the nodes' facts (labels and resources); this module reads those facts
+from Ray and creates the actors.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import ray
 
 from ..jobs.errors import ConfigurationError
-from ..placement.roles import NodeFacts, NodeRoles, assign_roles, worker_share
+from ..jobs.options import JobsOptions
+from ..placement.roles import NodeFacts, NodeRoles, assign_roles, refused_role, worker_share
 from .config import require_config, write_config
 from .constants import ACTOR_PREFIX
 from .directory import actor_names
@@ -24,16 +26,35 @@ log = logging.getLogger("choreography_ray.runtime")
 
 
 def node_facts() -> list[NodeFacts]:
-    """Every node Ray knows, with whether it is alive and the resources it declares."""
+    """Every node Ray knows, with whether it is alive, its resources and its labels."""
     return [
-        NodeFacts(node["NodeID"], bool(node.get("Alive")), dict(node.get("Resources", {})))
+        NodeFacts(
+            node["NodeID"],
+            bool(node.get("Alive")),
+            dict(node.get("Resources") or {}),
+            {str(k): str(v) for k, v in (node.get("Labels") or {}).items()},
+        )
         for node in ray.nodes()
     ]
 
 
-def node_roles() -> list[NodeRoles]:
-    """The roles of every live node."""
-    return assign_roles(node_facts())
+def node_roles(options: JobsOptions, max_parallel_steps: int | None = None) -> list[NodeRoles]:
+    """The roles of every live node, with each worker node's own step limit."""
+    return assign_roles(
+        node_facts(),
+        role_label=options.role_label,
+        parallelism_label=options.parallelism_label,
+        max_parallel_steps=max_parallel_steps or options.max_parallel_steps,
+    )
+
+
+def check_role_labels(options: JobsOptions) -> None:
+    """A node whose role label cannot be read fails `connect` in one line naming it."""
+    problems = [
+        p for node in node_facts() if node.alive and (p := refused_role(node, options.role_label))
+    ]
+    if problems:
+        raise ConfigurationError("; ".join(problems))
 
 
 def start_hosts(
@@ -43,18 +64,19 @@ def start_hosts(
 
     `workers_per_node` > 1 runs several worker host processes per worker node, so that step
     bookkeeping can use more than one core (each is bound to one by the GIL); the node's
-    `max_parallel_steps` is shared among them.
+    limit (its label, else `max_parallel_steps`) is shared among them.
     """
-    share = worker_share(max_parallel_steps, workers_per_node)
+    options = require_config(namespace).jobs_options()
+    check_role_labels(options)
     hosts: dict[str, Any] = {}
-    for roles in node_roles():
+    for roles in node_roles(options, max_parallel_steps):
         hosts.update(
             create_node_hosts(
                 namespace,
                 roles.node_id,
                 controller=roles.controller,
                 worker=roles.worker,
-                worker_share=share,
+                worker_share=worker_share(roles.max_parallel_steps, workers_per_node),
                 workers_per_node=workers_per_node,
                 controller_class=ControllerHost,
                 worker_class=WorkerHost,

@@ -6,7 +6,7 @@ from ..engine.clock import FakeClock
 from .cluster import InProcessCluster
 from .faults import WriteFaults
 
-_RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster"}
+_RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster", "NodeSpec"}
 
 
 def __getattr__(name: str) -> object:
@@ -23,5 +23,6 @@ __all__ = [
     "HealthChecks",
     "InProcessCluster",
     "MultiNodeCluster",
+    "NodeSpec",
     "WriteFaults",
 ]

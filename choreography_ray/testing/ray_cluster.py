@@ -3,8 +3,10 @@ processes die.
 
 Built on Ray's `ray.cluster_utils.Cluster`: every node is a raylet of its own on this machine,
 declaring its role through the custom resources placement reads (`choreography_controller`,
-`choreography_worker`). The head starts with lowered health-check settings, so that Ray
-declares a killed node dead in about a second and a half instead of about fifteen.
+`choreography_worker`), or, given as a `NodeSpec` with `by_label=True`, through the node label
+`choreography.io/role`, with any other labels (such as `choreography.io/max-parallel-steps`).
+The head starts with lowered health-check settings, so that Ray declares a killed node dead
+in about a second and a half instead of about fifteen.
 
     with MultiNodeCluster("sqlite:///jobs.db", modules=["my_jobs"]) as cluster:
         job_id = cluster.jobs.start(MyJob, MyRequest())
@@ -24,8 +26,8 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from unittest import mock
@@ -38,7 +40,7 @@ from ray.cluster_utils import Cluster
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
-from ..placement.roles import CONTROLLER_RESOURCE, WORKER_RESOURCE
+from ..placement.roles import CONTROLLER_RESOURCE, ROLE_LABEL, WORKER_RESOURCE
 from ..runtime.client import Jobs
 from ..runtime.connection import connect
 from ..runtime.constants import NAMESPACE
@@ -85,6 +87,26 @@ class HealthChecks:
 
 
 @dataclass(frozen=True)
+class NodeSpec:
+    """A node to start: its role, declared by custom resource or (`by_label`) by the role
+    label, and more node labels."""
+
+    role: Role
+    labels: Mapping[str, str] = field(default_factory=dict)
+    by_label: bool = False
+
+    def node_args(self) -> dict[str, Any]:
+        """`Cluster.add_node`'s arguments that declare the role and the labels."""
+        labels = dict(self.labels)
+        resources: dict[str, float] = {}
+        if self.by_label and self.role != "none":
+            labels[ROLE_LABEL] = self.role
+        else:
+            resources = dict(_RESOURCES[self.role])
+        return {"resources": resources, "labels": labels}
+
+
+@dataclass(frozen=True)
 class ClusterNode:
     """A node of the cluster as started: its Ray node id and the role it declares."""
 
@@ -105,7 +127,7 @@ class MultiNodeCluster:
         self,
         storage: str,
         *,
-        nodes: Sequence[Role] = ("controller", "worker", "worker"),
+        nodes: Sequence[Role | NodeSpec] = ("controller", "worker", "worker"),
         namespace: str = NAMESPACE,
         modules: Sequence[str] = (),
         options: JobsOptions | None = None,
@@ -115,7 +137,7 @@ class MultiNodeCluster:
         node_timeout: float = 30.0,
     ) -> None:
         self.storage = _durable_storage(storage)
-        self.layout: tuple[Role, ...] = _checked_layout(nodes)
+        self.layout: tuple[NodeSpec, ...] = _checked_layout(nodes)
         self.namespace = namespace
         self.modules = list(modules)
         self.options = options
@@ -212,17 +234,31 @@ class MultiNodeCluster:
     def _start_nodes(self) -> None:
         with _ray_address_file_untouched():
             self._cluster = Cluster(shutdown_at_exit=True)
-            for index, role in enumerate(self.layout):
-                args: dict[str, Any] = {
-                    "num_cpus": self.cpus_per_node,
-                    "resources": dict(_RESOURCES[role]),
-                }
-                if index == 0:
-                    args["include_dashboard"] = False
-                    args["_system_config"] = self.health.system_config()
-                node = self._cluster.add_node(wait=True, **args)
-                self._nodes[node.node_id] = (ClusterNode(node.node_id, role, index == 0), node)
+            for index, spec in enumerate(self.layout):
+                self._add(spec, head=index == 0)
             self._cluster.wait_for_nodes(timeout=self.node_timeout)
+
+    def _add(self, spec: NodeSpec, *, head: bool) -> ClusterNode:
+        assert self._cluster is not None
+        args: dict[str, Any] = {"num_cpus": self.cpus_per_node, **spec.node_args()}
+        if head:
+            args["include_dashboard"] = False
+            args["_system_config"] = self.health.system_config()
+        node = self._cluster.add_node(wait=True, **args)
+        added = ClusterNode(node.node_id, spec.role, head)
+        self._nodes[node.node_id] = (added, node)
+        return added
+
+    def add_node(self, node: Role | NodeSpec) -> ClusterNode:
+        """Start one more node, as a machine that joins, and wait until Ray lists it. Its
+        hosts are not started: that is for `jobs`' `connect` again (or a membership watch)."""
+        if self._cluster is None:
+            raise RuntimeError("the cluster is not running (start() it)")
+        spec = _spec(node)
+        with _ray_address_file_untouched():
+            added = self._add(spec, head=False)
+            self._cluster.wait_for_nodes(timeout=self.node_timeout)
+        return added
 
     # -- what runs --------------------------------------------------------------------------
 
@@ -358,18 +394,23 @@ def _durable_storage(storage: str) -> str:
     return storage
 
 
-def _checked_layout(nodes: Sequence[str]) -> tuple[Role, ...]:
-    layout = tuple(nodes)
-    for role in layout:
-        if role not in _RESOURCES:
-            raise ConfigurationError(
-                f"nodes: unknown role {role!r} (expected one of {', '.join(_RESOURCES)})"
-            )
-    if not any(role in ("controller", "both") for role in layout):
-        raise ConfigurationError(f"nodes: {list(layout)} has no controller node")
-    if not any(role in ("worker", "both") for role in layout):
-        raise ConfigurationError(f"nodes: {list(layout)} has no worker node")
-    return layout  # type: ignore[return-value]
+def _spec(node: object) -> NodeSpec:
+    spec = node if isinstance(node, NodeSpec) else NodeSpec(node)  # type: ignore[arg-type]
+    if spec.role not in _RESOURCES:
+        raise ConfigurationError(
+            f"nodes: unknown role {spec.role!r} (expected one of {', '.join(_RESOURCES)})"
+        )
+    return spec
+
+
+def _checked_layout(nodes: Sequence[object]) -> tuple[NodeSpec, ...]:
+    layout = tuple(_spec(node) for node in nodes)
+    roles = [spec.role for spec in layout]
+    if not any(role in ("controller", "both") for role in roles):
+        raise ConfigurationError(f"nodes: {roles} has no controller node")
+    if not any(role in ("worker", "both") for role in roles):
+        raise ConfigurationError(f"nodes: {roles} has no worker node")
+    return layout
 
 
 def _parent(pid: int) -> int | None:

@@ -21,6 +21,7 @@ from choreography_ray.jobs import InvalidOptionError, JobsOptions, parse_duratio
 #   size       a whole number of bytes, at least 0
 #   timeout    a positive timedelta (a wait that must end, or a cadence)
 #   names      importable module:callable names, as a list or comma-separated text
+#   label      a node label key (an optional DNS prefix and /, a name)
 SETTINGS: dict[str, tuple[str, Any]] = {
     "max_parallel_steps": ("optional", None),
     "dead_job_threshold": ("duration", timedelta(hours=1)),
@@ -51,6 +52,8 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "reconciliation_interval": ("duration", timedelta(seconds=60)),
     "membership_interval": ("timeout", timedelta(seconds=1)),
     "key_providers": ("names", ()),
+    "role_label": ("label", "choreography.io/role"),
+    "parallelism_label": ("label", "choreography.io/max-parallel-steps"),
 }
 
 # A valid value of each kind other than any default, as text and as what it reads as.
@@ -62,6 +65,7 @@ VALID_TEXT = {
     "size": ("2048", 2048),
     "timeout": ("250ms", timedelta(milliseconds=250)),
     "names": ("myapp.recovery:job_keys, other:keys", ("myapp.recovery:job_keys", "other:keys")),
+    "label": ("example.com/tier", "example.com/tier"),
 }
 VALID_TOML = {
     "duration": ('"90s"', timedelta(seconds=90)),
@@ -71,6 +75,7 @@ VALID_TOML = {
     "size": ("0", 0),
     "timeout": ('"90s"', timedelta(seconds=90)),
     "names": ('["myapp.recovery:job_keys"]', ("myapp.recovery:job_keys",)),
+    "label": ('"tier"', "tier"),
 }
 
 # Bad values of each kind: in code, as environment text and as TOML.
@@ -82,6 +87,7 @@ BAD_IN_CODE = {
     "size": [-1, "big", 1.5, [1], True],
     "timeout": [0, -1, "0s", "never", "soon", [10], True, float("inf"), None],
     "names": ["job_keys", "a b:c", "m:", [1], True, 3],
+    "label": ["", "a b", "Bad_Prefix/x", "x/", "-x", [1], True, None],
 }
 BAD_IN_ENV = {
     "duration": ["-5s", "soon", "10 weeks", "99999999999d"],
@@ -91,6 +97,7 @@ BAD_IN_ENV = {
     "size": ["-1", "big"],
     "timeout": ["0", "0s", "-5s", "never", "soon"],
     "names": ["job_keys", "m:f, oops", "a/b:c"],
+    "label": ["a b", "x/", "role="],
 }
 BAD_IN_TOML = {
     "duration": ["-1", '"-5s"', '"soon"', "[10]", "true", "inf"],
@@ -100,6 +107,7 @@ BAD_IN_TOML = {
     "size": ["-1", '"big"', "true"],
     "timeout": ["0", '"0s"', '"never"', "true"],
     "names": ['"job_keys"', "[1]", "true"],
+    "label": ['"a b"', "[1]", "true"],
 }
 
 

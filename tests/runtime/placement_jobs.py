@@ -1,0 +1,57 @@
+"""A job for the placement tests on several nodes, imported by the hosts by name: each step
+records the node it ran on and how many steps of the job ran on that node at once, in files
+of the test's directory (a side-effect table outside storage)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from choreography_ray.jobs import Job, JobStep, StepContext
+
+
+class Spread(BaseModel):
+    directory: str
+    steps: int = 1
+    n: int = 0
+    hold: float = 0.3
+    """Seconds each step stays running, so that steps of one node overlap."""
+
+
+class CountedStep(JobStep[Spread, Spread, str], name="placement-tests.counted"):
+    def initialize_state(self, request: Spread) -> Spread:
+        return request
+
+    async def perform(self, state: Spread, ctx: StepContext) -> str:
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        running = Path(state.directory) / "running" / node_id
+        running.mkdir(parents=True, exist_ok=True)
+        mine = running / str(state.n)
+        # One worker host per node, one event loop: nothing runs between these lines.
+        mine.touch()
+        now = len(list(running.iterdir()))
+        await asyncio.sleep(state.hold)
+        mine.unlink()
+        record = {"node": node_id, "running": now}
+        (Path(state.directory) / f"{state.n}.json").write_text(json.dumps(record))
+        return node_id
+
+
+class SpreadJob(Job[Spread], name="placement-tests.spread"):
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Spread):
+        return [
+            self.create_step(CountedStep, request.model_copy(update={"n": n}))
+            for n in range(request.steps)
+        ]
+
+
+def records(directory: Path) -> dict[int, dict[str, object]]:
+    """Each step's node and how many steps ran on that node as it started, by step number."""
+    return {int(path.stem): json.loads(path.read_text()) for path in directory.glob("*.json")}

@@ -1,0 +1,74 @@
+"""Placement on a real multi-node Ray: a controller-only head and two worker nodes that
+declare their roles and step limits by node label. One cluster for the module, bounded."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+
+from choreography_ray.jobs import JobStatus
+from choreography_ray.placement.parallelism import PARALLELISM_LABEL
+from choreography_ray.runtime.constants import controller_name, worker_name
+
+from .conftest import ROOT
+from .placement_jobs import Spread, SpreadJob, records
+
+LIMITS = (1, 2)
+"""The step limits of the two worker nodes' labels."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[object]:
+    from choreography_ray.jobs import JobsOptions
+    from choreography_ray.testing import MultiNodeCluster, NodeSpec
+
+    storage = f"sqlite:///{tmp_path_factory.mktemp('placement') / 'jobs.db'}"
+    nodes = [
+        NodeSpec("controller", by_label=True),
+        *(
+            NodeSpec("worker", labels={PARALLELISM_LABEL: str(limit)}, by_label=True)
+            for limit in LIMITS
+        ),
+    ]
+    with MultiNodeCluster(
+        storage,
+        nodes=nodes,
+        modules=["tests.runtime.placement_jobs"],
+        options=JobsOptions(max_parallel_steps=8),  # what a node without the label runs
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    ) as running:
+        yield running
+
+
+def test_hosts_follow_the_role_labels_and_workers_take_their_node_limit(cluster) -> None:
+    import ray
+
+    controller, *workers = cluster.nodes()
+    assert set(cluster.host_names()) == {controller_name(controller.node_id)} | {
+        worker_name(node.node_id) for node in workers
+    }
+    for node, limit in zip(workers, LIMITS, strict=True):
+        host = ray.get_actor(worker_name(node.node_id), namespace=cluster.namespace)
+        stats = ray.get(host.stats.remote(), timeout=30)
+        assert stats["max_parallel_steps"] == limit
+
+
+def test_steps_run_only_on_worker_nodes_within_each_node_limit(cluster, tmp_path) -> None:
+    controller, *workers = cluster.nodes()
+    job_id = cluster.jobs.start(SpreadJob, Spread(directory=str(tmp_path), steps=12))
+
+    state = cluster.jobs.wait(job_id, timeout=90)
+
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.owner is not None and state.owner.host == controller_name(controller.node_id)
+    ran = records(tmp_path)
+    assert sorted(ran) == list(range(12))
+    peaks: dict[str, int] = defaultdict(int)
+    for record in ran.values():
+        peaks[str(record["node"])] = max(peaks[str(record["node"])], int(record["running"]))
+    limits = {node.node_id: limit for node, limit in zip(workers, LIMITS, strict=True)}
+    assert set(peaks) == set(limits)  # both worker nodes, never the controller node
+    for node_id, peak in peaks.items():
+        assert peak <= limits[node_id]
