@@ -79,15 +79,21 @@ def up(
 ) -> None:
     """Start the host actors on a running Ray cluster, with its storage and options."""
 
-    def start() -> list[str]:
+    def start() -> tuple[list[str], list[str]]:
         from ..runtime.constants import ACTOR_PREFIX, NAMESPACE
         from ..runtime.directory import actor_names
 
-        connect(storage, address, config, modules=module or [], workers_per_node=workers_per_node)
-        return actor_names(NAMESPACE, (ACTOR_PREFIX,))
+        jobs = connect(
+            storage, address, config, modules=module or [], workers_per_node=workers_per_node
+        )
+        return actor_names(NAMESPACE, (ACTOR_PREFIX,)), jobs.import_failures()
 
-    for name in guard(start):
+    names, failures = guard(start)
+    for name in names:
         console.print(f"running: {name}")
+    for failure in failures:
+        # That node runs none of the module's types; the others do.
+        console.print(f"[yellow]could not import on {failure}[/yellow]", soft_wrap=True)
 
 
 @app.command()

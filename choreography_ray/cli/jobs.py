@@ -128,6 +128,8 @@ def jobs_show(
         console.print(
             f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
         )
+    for failure in guard(lambda: jobs.import_failures(job.type)):
+        console.print(f"[yellow]cannot run {job.type} on {failure}[/yellow]", soft_wrap=True)
 
 
 @jobs_app.command("watch")

@@ -28,6 +28,7 @@ from ..engine.job import JobStartResult
 from ..jobs.errors import (
     ConfigurationError,
     JobNotFoundError,
+    NoEligibleJobWorker,
     ResumeJobSuccess,
     StartJobError,
     StartJobFailed,
@@ -35,11 +36,13 @@ from ..jobs.errors import (
 from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
+from ..placement.capability import HostAdvert, eligible, import_failures, not_eligible_reason
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
+from .adverts import read_adverts
 from .arguments import check_job_id, check_query, job_key
 from .config import merge, require_config, write_config
-from .constants import CONTROLLER_PREFIX, NAMESPACE, controller_name
+from .constants import CONTROLLER_PREFIX, NAMESPACE, ROUTES_REFRESH_SECONDS, controller_name
 from .directory import actor_names
 from .remote import is_host_gone, project_error
 
@@ -52,6 +55,25 @@ _STARTED_MEMORY = 10_000
 """How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
 
 
+class _AdvertCache:
+    """The controller hosts' advertisements, read again when hosts change or after a while:
+    a client that starts many jobs does not read them per job."""
+
+    def __init__(self, namespace: str, seconds: float = ROUTES_REFRESH_SECONDS) -> None:
+        self.namespace = namespace
+        self.seconds = seconds
+        self._hosts: list[str] = []
+        self._read_at = -float("inf")
+        self._adverts: dict[str, HostAdvert] = {}
+
+    def get(self, hosts: list[str]) -> dict[str, HostAdvert]:
+        now = time.monotonic()
+        if hosts != self._hosts or now - self._read_at >= self.seconds:
+            self._adverts = read_adverts(self.namespace, hosts)
+            self._hosts, self._read_at = hosts, now
+        return self._adverts
+
+
 class Jobs:
     """Start, watch, stop, resume and remove jobs. Every call is synchronous; `aio` has the
     same as coroutines."""
@@ -60,6 +82,8 @@ class Jobs:
         self.namespace = namespace
         self.aio = AsyncJobs(self)
         self._handle: Any = None
+        self._handle_name: str | None = None
+        self._adverts = _AdvertCache(namespace)
         self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
 
     # -- routing --------------------------------------------------------------------------------
@@ -71,12 +95,14 @@ class Jobs:
         local = controller_name(ray.get_runtime_context().get_node_id())
         try:
             self._handle = ray.get_actor(local, namespace=self.namespace)
+            self._handle_name = local
             return self._handle
         except ValueError:
             pass
         for name in actor_names(self.namespace, (CONTROLLER_PREFIX,)):
             try:
                 self._handle = ray.get_actor(name, namespace=self.namespace)
+                self._handle_name = name
                 return self._handle
             except ValueError:
                 continue
@@ -84,12 +110,32 @@ class Jobs:
             "no controller host runs in this cluster; run `choreography up` or connect()"
         )
 
-    def _call(self, what: str, method: str, *args: Any) -> Any:
-        """`method` of the controller host; once more on the host that runs now when the one
-        this client knew died or was replaced (every call is keyed by a job id or reads, so
-        asking again is safe)."""
+    def _controller_for(self, job_type: str) -> Any:
+        """A controller host that advertises `job_type`: this node's when it does, else the
+        first. `NoEligibleJobWorker` naming why when none does."""
+        names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
+        adverts = self._adverts.get(names)
+        able = eligible(names, adverts, job_type)
+        if not able:
+            raise NoEligibleJobWorker(not_eligible_reason("controller", job_type, names, adverts))
+        if self._handle is not None and self._handle_name in able:
+            return self._handle
+        local = controller_name(ray.get_runtime_context().get_node_id())
+        for name in [local] if local in able else able:
+            try:
+                self._handle = ray.get_actor(name, namespace=self.namespace)
+                self._handle_name = name
+                return self._handle
+            except ValueError:
+                continue
+        raise NoEligibleJobWorker(f"no controller host that runs job type {job_type!r} answers")
+
+    def _call(self, what: str, method: str, *args: Any, job_type: str | None = None) -> Any:
+        """`method` of the controller host (one that runs `job_type`, when given); once more
+        on the host that runs now when the one this client knew died or was replaced (every
+        call is keyed by a job id or reads, so asking again is safe)."""
         for attempt in (1, 2):
-            handle = self._controller()
+            handle = self._controller() if job_type is None else self._controller_for(job_type)
             try:
                 return ray.get(getattr(handle, method).remote(*args))
             except ray.exceptions.RayError as error:
@@ -119,6 +165,14 @@ class Jobs:
 
     # -- operations -----------------------------------------------------------------------------
 
+    def import_failures(self, job_type: str | None = None) -> list[str]:
+        """The job modules hosts could not import, one line each naming the node, the host and
+        the reason; with `job_type`, only those of hosts that cannot run that type."""
+        adverts = read_adverts(self.namespace, actor_names(self.namespace))
+        return import_failures(
+            advert for advert in adverts.values() if job_type is None or not advert.hosts(job_type)
+        )
+
     def start(
         self,
         job_type: type[Job[Any]],
@@ -139,7 +193,7 @@ class Jobs:
         payload = default_registry.dump_request(request)
         self._remember(job_type, key)
         result: JobStartResult = self._call(
-            "jobs.start", "start", key, job_type.name, payload, job_id
+            "jobs.start", "start", key, job_type.name, payload, job_id, job_type=job_type.name
         )
         started = _started(result)
         self._started[(key, started)] = None

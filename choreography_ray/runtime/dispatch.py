@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from ..engine.messages import (
     StepReport,
@@ -20,7 +20,10 @@ from ..engine.messages import (
 from ..engine.ports import Dispatched
 from ..jobs.errors import NoEligibleJobWorker
 from ..jobs.state import JobKey
+from ..placement.capability import HostAdvert, eligible_workers
 from .routes import Routes
+
+AdvertsOf = Callable[[list[str]], Awaitable[dict[str, HostAdvert]]]
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -28,9 +31,11 @@ log = logging.getLogger("choreography_ray.runtime")
 class RayDispatcher:
     """Sends a job's starts to the worker hosts, in batches, and its stops to all of them."""
 
-    def __init__(self, routes: Routes, controller: str) -> None:
+    def __init__(self, routes: Routes, controller: str, adverts: AdvertsOf | None = None) -> None:
         self.routes = routes
         self.controller = controller
+        self.adverts = adverts
+        """What the worker hosts advertise; None takes every worker as able (tests)."""
         self._turn = 0
 
     async def _workers(self) -> list[str]:
@@ -50,9 +55,11 @@ class RayDispatcher:
         sticky: Mapping[str, str],
     ) -> Dispatched:
         workers = await self._workers()
+        if self.adverts is not None:
+            workers = eligible_workers(job_type, workers, await self.adverts(workers))
         live = set(workers)
-        # A step that ran on a live host goes back there; the rest spread over the hosts, one
-        # call per host.
+        # A step that ran on a live eligible host goes back there; the rest spread over the
+        # eligible hosts, one call per host.
         shares: dict[str, list[StepStart]] = {}
         turn = self._turn
         for start in starts:

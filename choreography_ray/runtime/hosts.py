@@ -34,6 +34,7 @@ from ..engine.worker import StepWorker
 from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
+from ..placement.capability import HostAdvert
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.keys import KeyCatalogReader
 from ..recovery.liveness import owner_alive
@@ -41,6 +42,7 @@ from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
 from ..recovery.watch import MembershipWatch
 from ..storage.protocols import JobQuery, StepCounts
+from .adverts import Adverts, advertised_capabilities, delete_advert, write_advert
 from .config import import_modules
 from .constants import WORKER_PREFIX, controller_name, worker_name
 from .directory import RayDirectory
@@ -67,7 +69,9 @@ class _Host:
         self.epoch = time.time_ns()
         """Tells this host apart from an earlier one of the same name (job ownership)."""
         config = cluster_config(namespace)
-        self.modules, _ = import_modules(config.modules)
+        self.modules, failed = import_modules(config.modules)
+        self.failed_modules: dict[str, str] = _by_module(failed)
+        """Modules this host could not import, with the reason: advertised, never fatal."""
         self.options = config.jobs_options()
         self.clock = SystemClock()
         self.routes = Routes(
@@ -90,6 +94,21 @@ class _Host:
     async def _start(self) -> None:
         await self.provider.initialize()
         await self.routes.start()
+        await self._advertise()
+
+    def advert(self) -> HostAdvert:
+        """What this host can run: the types its imports registered, and what failed."""
+        return HostAdvert(
+            name=self.name,
+            node_id=self.node_id,
+            job_types=default_registry.names(TypeKind.JOB),
+            step_types=default_registry.names(TypeKind.STEP),
+            failed_modules=self.failed_modules,
+            capabilities=advertised_capabilities(),
+        )
+
+    async def _advertise(self) -> None:
+        await asyncio.to_thread(write_advert, self.advert(), self.namespace)
 
     async def ping(self) -> int:
         return self.epoch
@@ -100,9 +119,16 @@ class _Host:
         new = [m for m in config.modules if m not in self.modules]
         imported, failed = import_modules(new)
         self.modules += imported
+        self.failed_modules = _by_module(failed)
         if imported and isinstance(self.provider, RemoteMemoryStorage):
             await self.provider.import_modules(imported)
+        await self._advertise()
         return config, failed
+
+
+def _by_module(failed: list[str]) -> dict[str, str]:
+    """`import_modules`' failures ("module: reason") by module."""
+    return dict(failure.split(": ", 1) if ": " in failure else (failure, "") for failure in failed)
 
 
 class ControllerHost(_Host):
@@ -110,7 +136,7 @@ class ControllerHost(_Host):
 
     def __init__(self, namespace: str, node_id: str) -> None:
         super().__init__(namespace, node_id, controller_name(node_id))
-        self.dispatcher = RayDispatcher(self.routes, self.name)
+        self.dispatcher = RayDispatcher(self.routes, self.name, Adverts(namespace, self.clock).of)
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
@@ -323,6 +349,7 @@ class ControllerHost(_Host):
         return await rehydrate_within(self.manager(key), within, self.clock)
 
     async def shutdown(self) -> None:
+        await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
         self.partitions.close()
         for task in list(self._tasks):
@@ -440,6 +467,7 @@ class WorkerHost(_Host):
         }
 
     async def shutdown(self) -> None:
+        await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
         await self.worker.close()
         self.routes.close()

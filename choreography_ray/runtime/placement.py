@@ -15,7 +15,9 @@ import ray
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
+from ..placement.capability import failing_everywhere, import_failures
 from ..placement.roles import NodeFacts, NodeRoles, assign_roles, refused_role, worker_share
+from .adverts import read_adverts
 from .config import require_config, write_config
 from .constants import ACTOR_PREFIX
 from .directory import actor_names
@@ -84,27 +86,27 @@ def start_hosts(
         )
     # Hosts that already ran keep their state; refresh makes them read new modules and keys.
     ray.get([handle.ready.remote() for handle in hosts.values()])
-    failures = sorted(
-        {
-            f
-            for answer in ray.get([h.refresh.remote() for h in hosts.values()])
-            for f in answer or []
-        }
-    )
-    if failures:
-        _forget_modules(namespace, failures)
+    answers = ray.get([h.refresh.remote() for h in hosts.values()])
+    nowhere = failing_everywhere(answers)
+    if nowhere:
+        # No host runs the module's types: it is a mistake, not a node that differs.
+        _forget_modules(namespace, sorted(nowhere))
         raise ConfigurationError(
             "the hosts could not import job module(s): "
-            + "; ".join(failures)
+            + "; ".join(sorted(nowhere.values()))
             + " (install them on every node, or put them on the workers' PYTHONPATH)"
         )
+    failures = import_failures(read_adverts(namespace, list(hosts)).values())
+    for failure in failures:
+        # The node is left out of those types' eligible hosts; the others run them.
+        log.warning("%s", failure)
     return hosts
 
 
-def _forget_modules(namespace: str, failures: list[str]) -> None:
+def _forget_modules(namespace: str, modules: list[str]) -> None:
     """A module no host can import is taken out of the configuration again."""
     config = require_config(namespace)
-    bad = {failure.split(":", 1)[0] for failure in failures}
+    bad = set(modules)
     write_config(
         config.model_copy(update={"modules": [m for m in config.modules if m not in bad]}),
         namespace,

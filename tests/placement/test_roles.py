@@ -145,6 +145,6 @@ def test_up_refuses_a_node_whose_role_label_cannot_be_read_in_one_line(
     nodes = [labelled("good", "worker"), labelled("bad", "wrker"), labelled("gone", "x")]
     nodes[2] = NodeFacts("gone", alive=False, labels={ROLE_LABEL: "x"})
     monkeypatch.setattr(runtime_placement, "node_facts", lambda: nodes)
-    with pytest.raises(ConfigurationError, match="node bad: label choreography.io/role='wrker'"):
+    with pytest.raises(ConfigurationError, match=r"node bad: label choreography\.io/role='wrker'"):
         runtime_placement.check_role_labels(JobsOptions())
     runtime_placement.check_role_labels(JobsOptions(role_label="tier"))  # another key: fine

@@ -14,6 +14,7 @@ from choreography_ray.runtime.constants import controller_name, worker_name
 
 from .conftest import ROOT
 from .placement_jobs import Spread, SpreadJob, records
+from .placement_picky import PickyJob
 
 LIMITS = (1, 2)
 """The step limits of the two worker nodes' labels."""
@@ -28,14 +29,14 @@ def cluster(tmp_path_factory) -> Iterator[object]:
     nodes = [
         NodeSpec("controller", by_label=True),
         *(
-            NodeSpec("worker", labels={PARALLELISM_LABEL: str(limit)}, by_label=True)
-            for limit in LIMITS
+            NodeSpec("worker", labels={PARALLELISM_LABEL: str(limit), **more}, by_label=True)
+            for limit, more in zip(LIMITS, ({}, {"placement-tests/no-picky": "true"}), strict=True)
         ),
     ]
     with MultiNodeCluster(
         storage,
         nodes=nodes,
-        modules=["tests.runtime.placement_jobs"],
+        modules=["tests.runtime.placement_jobs", "tests.runtime.placement_picky"],
         options=JobsOptions(max_parallel_steps=8),  # what a node without the label runs
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     ) as running:
@@ -72,3 +73,21 @@ def test_steps_run_only_on_worker_nodes_within_each_node_limit(cluster, tmp_path
     assert set(peaks) == set(limits)  # both worker nodes, never the controller node
     for node_id, peak in peaks.items():
         assert peak <= limits[node_id]
+
+
+def test_a_job_whose_module_fails_on_one_worker_node_runs_only_on_the_other(
+    cluster, tmp_path
+) -> None:
+    _, able, unable = cluster.nodes()
+    failures = cluster.jobs.import_failures()
+    assert failures == [
+        f"node {unable.node_id} ({worker_name(unable.node_id)}): module "
+        "tests.runtime.placement_picky: ModuleNotFoundError: No module named 'picky_dependency'"
+    ]
+    assert cluster.jobs.import_failures(PickyJob.name) == failures
+    assert cluster.jobs.import_failures(SpreadJob.name) == []
+
+    job_id = cluster.jobs.start(PickyJob, Spread(directory=str(tmp_path), steps=6, hold=0.05))
+
+    assert cluster.jobs.wait(job_id, timeout=90).status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert {record["node"] for record in records(tmp_path).values()} == {able.node_id}

@@ -1,0 +1,90 @@
+"""What each host can run: the job and step types it imported, and the modules it could not.
+
+A host advertises this once it has imported the cluster's job modules, and again after each
+refresh. A job goes only to a controller host that advertises its type, its steps only to a
+worker host that advertises the job's type (the dispatch message names the job's type, and a
+job module imports the step types its job creates). A module that fails to import on one node
+takes that node out of its types' eligible hosts, not the module out of the cluster. Plain
+Python over the advertisements, so the rule is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..jobs.errors import NoEligibleJobWorker
+
+CAPABILITIES: tuple[str, ...] = ("external-plan-storage", "execution-generations", "placement")
+"""What this release of a host can do, for clusters that run two releases during an upgrade."""
+
+
+class HostAdvert(BaseModel):
+    """One host's advertisement, stored as JSON where every host and client reads it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    node_id: str
+    job_types: list[str] = Field(default_factory=list)
+    step_types: list[str] = Field(default_factory=list)
+    failed_modules: dict[str, str] = Field(default_factory=dict)
+    """Module → why it could not be imported on this host."""
+    capabilities: list[str] = Field(default_factory=list)
+
+    def hosts(self, job_type: str) -> bool:
+        return job_type in self.job_types
+
+
+def eligible(hosts: Iterable[str], adverts: Mapping[str, HostAdvert], job_type: str) -> list[str]:
+    """The `hosts` that can run `job_type`, in their order. A host that has not advertised
+    yet (starting, or of a release before advertisements) is taken as able: it ran every type
+    before, and refusing it would stop a cluster mid-upgrade."""
+    return [name for name in hosts if name not in adverts or adverts[name].hosts(job_type)]
+
+
+def eligible_workers(
+    job_type: str, live: list[str], adverts: Mapping[str, HostAdvert]
+) -> list[str]:
+    """The live worker hosts that can run the steps of `job_type`; `NoEligibleJobWorker`
+    naming why when none can."""
+    chosen = eligible(live, adverts, job_type)
+    if not chosen:
+        raise NoEligibleJobWorker(not_eligible_reason("worker", job_type, live, adverts))
+    return chosen
+
+
+def import_failures(adverts: Iterable[HostAdvert]) -> list[str]:
+    """Each module a host could not import, with its node and the reason, one line each."""
+    return [
+        f"node {advert.node_id} ({advert.name}): module {module}: {reason}"
+        for advert in sorted(adverts, key=lambda a: a.name)
+        for module, reason in sorted(advert.failed_modules.items())
+    ]
+
+
+def failing_everywhere(answers: list[list[str] | None]) -> dict[str, str]:
+    """The modules every host failed to import (each host's failures "module: reason"), with
+    one reason each: these are mistakes to refuse, not nodes that differ."""
+    per_host = [{f.split(":", 1)[0]: f for f in answer or []} for answer in answers]
+    if not per_host:
+        return {}
+    common = set.intersection(*(set(failures) for failures in per_host))
+    return {module: per_host[0][module] for module in sorted(common)}
+
+
+def not_eligible_reason(
+    role: str, job_type: str, hosts: Iterable[str], adverts: Mapping[str, HostAdvert]
+) -> str:
+    """Why no `role` host can take `job_type`, naming the hosts whose import failed."""
+    failures = import_failures(adverts[name] for name in hosts if name in adverts)
+    if not failures:
+        return f"no {role} host runs job type {job_type!r}"
+    return f"no {role} host can run job type {job_type!r}: " + "; ".join(failures)
+
+
+def everywhere(adverts: Iterable[HostAdvert], capability: str) -> bool:
+    """Whether every advertising host has `capability` (and at least one advertises)."""
+    found = list(adverts)
+    return bool(found) and all(capability in advert.capabilities for advert in found)

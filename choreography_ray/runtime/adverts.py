@@ -1,0 +1,99 @@
+"""Host advertisements in Ray's key-value store: each host writes what it can run, hosts and
+clients read them to choose where a job or a step goes.
+
+Reading is a blocking call to Ray's control store, so a host reads off its event loop, only
+when the hosts it routes to changed or `cadence` seconds passed, and keeps the last reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from ..engine.clock import Clock
+from ..placement.capability import CAPABILITIES, HostAdvert
+from .constants import ROUTES_REFRESH_SECONDS
+
+log = logging.getLogger("choreography_ray.runtime")
+
+ADVERT_PREFIX = b"choreography_ray:advert:"
+WITHHELD_ENV = "CHOREOGRAPHY_WITHHELD_CAPABILITIES"
+"""Comma-separated capabilities a host does not advertise: how a test (or an operator
+rehearsing an upgrade) makes a host look like one of an older release."""
+
+
+def advertised_capabilities() -> list[str]:
+    """This release's capabilities, less the ones withheld through the environment."""
+    withheld = {c.strip() for c in os.environ.get(WITHHELD_ENV, "").split(",") if c.strip()}
+    return [c for c in CAPABILITIES if c not in withheld]
+
+
+def _kv() -> Any:
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+def write_advert(advert: HostAdvert, namespace: str) -> None:
+    _kv()._internal_kv_put(
+        ADVERT_PREFIX + advert.name.encode(),
+        advert.model_dump_json().encode(),
+        overwrite=True,
+        namespace=namespace,
+    )
+
+
+def delete_advert(name: str, namespace: str) -> None:
+    _kv()._internal_kv_del(ADVERT_PREFIX + name.encode(), namespace=namespace)
+
+
+def read_adverts(namespace: str, hosts: list[str] | None = None) -> dict[str, HostAdvert]:
+    """The advertisements of `hosts` (every stored one when None), by host name; one that
+    cannot be read is left out (its host counts as not having advertised)."""
+    kv = _kv()
+    keys = (
+        [ADVERT_PREFIX + name.encode() for name in hosts]
+        if hosts is not None
+        else kv._internal_kv_list(ADVERT_PREFIX, namespace=namespace)
+    )
+    found: dict[str, HostAdvert] = {}
+    for key in keys:
+        raw = kv._internal_kv_get(key, namespace=namespace)
+        if raw is None:
+            continue
+        try:
+            advert = HostAdvert.model_validate_json(raw)
+        except ValueError as error:
+            log.warning("host advertisement %r cannot be read: %s", key, error)
+            continue
+        found[advert.name] = advert
+    return found
+
+
+class Adverts:
+    """The advertisements of the hosts a host routes to, read off the event loop."""
+
+    def __init__(
+        self, namespace: str, clock: Clock, cadence: float = ROUTES_REFRESH_SECONDS
+    ) -> None:
+        self.namespace = namespace
+        self.clock = clock
+        self.cadence = cadence
+        self._hosts: tuple[str, ...] = ()
+        self._read_at: float | None = None
+        self._adverts: dict[str, HostAdvert] = {}
+
+    async def of(self, hosts: list[str]) -> dict[str, HostAdvert]:
+        """The advertisements of `hosts`, read again when they changed or are old."""
+        now = self.clock.now().timestamp()
+        stale = self._read_at is None or now - self._read_at >= self.cadence
+        missing = any(name not in self._adverts for name in hosts)
+        if stale or (missing and tuple(hosts) != self._hosts):
+            try:
+                self._adverts = await asyncio.to_thread(read_adverts, self.namespace, hosts)
+                self._hosts, self._read_at = tuple(hosts), now
+            except Exception:
+                log.exception("reading the host advertisements failed; the last reading stays")
+        return {name: self._adverts[name] for name in hosts if name in self._adverts}
