@@ -126,6 +126,10 @@ class JobsOptions(BaseModel):
     """The Ray node label whose value (controller, worker, both) gives a node its roles."""
     parallelism_label: str = "choreography.io/max-parallel-steps"
     """The Ray node label that sets a worker node's own `max_parallel_steps`."""
+    job_director: str | None = None
+    """The director that chooses a new job's controller host, as `module:callable`."""
+    step_director: str | None = None
+    """The director that chooses the worker hosts of a job's steps, as `module:callable`."""
 
     @field_validator(
         "dead_job_threshold",
@@ -181,6 +185,15 @@ class JobsOptions(BaseModel):
                     f"expected an importable callable as module:callable, got {name!r}"
                 )
         return names
+
+    @field_validator("job_director", "step_director", mode="before")
+    @classmethod
+    def _director_name(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not CALLABLE_NAME.match(value.strip()):
+            raise ValueError(f"expected an importable director as module:callable, got {value!r}")
+        return value.strip()
 
     @field_validator("role_label", "parallelism_label", mode="before")
     @classmethod

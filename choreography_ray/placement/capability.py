@@ -14,8 +14,6 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..jobs.errors import NoEligibleJobWorker
-
 CAPABILITIES: tuple[str, ...] = ("external-plan-storage", "execution-generations", "placement")
 """What this release of a host can do, for clusters that run two releases during an upgrade."""
 
@@ -32,6 +30,10 @@ class HostAdvert(BaseModel):
     failed_modules: dict[str, str] = Field(default_factory=dict)
     """Module → why it could not be imported on this host."""
     capabilities: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The host's node's labels, for directors."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """The host's node's resources, for directors."""
 
     def hosts(self, job_type: str) -> bool:
         return job_type in self.job_types
@@ -42,17 +44,6 @@ def eligible(hosts: Iterable[str], adverts: Mapping[str, HostAdvert], job_type: 
     yet (starting, or of a release before advertisements) is taken as able: it ran every type
     before, and refusing it would stop a cluster mid-upgrade."""
     return [name for name in hosts if name not in adverts or adverts[name].hosts(job_type)]
-
-
-def eligible_workers(
-    job_type: str, live: list[str], adverts: Mapping[str, HostAdvert]
-) -> list[str]:
-    """The live worker hosts that can run the steps of `job_type`; `NoEligibleJobWorker`
-    naming why when none can."""
-    chosen = eligible(live, adverts, job_type)
-    if not chosen:
-        raise NoEligibleJobWorker(not_eligible_reason("worker", job_type, live, adverts))
-    return chosen
 
 
 def import_failures(adverts: Iterable[HostAdvert]) -> list[str]:

@@ -36,6 +36,17 @@ def _kv() -> Any:
     return internal_kv
 
 
+def node_of(node_id: str) -> tuple[dict[str, str], dict[str, float]]:
+    """The labels and resources of node `node_id` (blocking: Ray's control store)."""
+    import ray
+
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            labels = {str(k): str(v) for k, v in (node.get("Labels") or {}).items()}
+            return labels, dict(node.get("Resources") or {})
+    return {}, {}
+
+
 def write_advert(advert: HostAdvert, namespace: str) -> None:
     _kv()._internal_kv_put(
         ADVERT_PREFIX + advert.name.encode(),

@@ -36,7 +36,8 @@ from ..jobs.errors import (
 from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
-from ..placement.capability import HostAdvert, eligible, import_failures, not_eligible_reason
+from ..placement.capability import HostAdvert, import_failures
+from ..placement.choice import Placement
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
@@ -84,6 +85,7 @@ class Jobs:
         self._handle: Any = None
         self._handle_name: str | None = None
         self._adverts = _AdvertCache(namespace)
+        self._placement: Placement | None = None
         self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
 
     # -- routing --------------------------------------------------------------------------------
@@ -111,24 +113,28 @@ class Jobs:
         )
 
     def _controller_for(self, job_type: str) -> Any:
-        """A controller host that advertises `job_type`: this node's when it does, else the
-        first. `NoEligibleJobWorker` naming why when none does."""
+        """The controller host of a new job of `job_type`: among those that run the type, the
+        job director's choice, else this node's, else the first. `NoEligibleJobWorker` naming
+        why when none can."""
+        if self._placement is None:
+            options = require_config(self.namespace).jobs_options()
+            self._placement = Placement(options.job_director, options.step_director)
         names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
-        adverts = self._adverts.get(names)
-        able = eligible(names, adverts, job_type)
-        if not able:
-            raise NoEligibleJobWorker(not_eligible_reason("controller", job_type, names, adverts))
-        if self._handle is not None and self._handle_name in able:
-            return self._handle
         local = controller_name(ray.get_runtime_context().get_node_id())
-        for name in [local] if local in able else able:
-            try:
-                self._handle = ray.get_actor(name, namespace=self.namespace)
-                self._handle_name = name
-                return self._handle
-            except ValueError:
-                continue
-        raise NoEligibleJobWorker(f"no controller host that runs job type {job_type!r} answers")
+        preferred = self._handle_name if self._handle is not None else local
+        chosen = self._placement.controller(
+            job_type, names, self._adverts.get(names), preferred or local
+        )
+        if self._handle is not None and self._handle_name == chosen:
+            return self._handle
+        try:
+            handle = ray.get_actor(chosen, namespace=self.namespace)
+        except ValueError:
+            raise NoEligibleJobWorker(
+                f"controller host {chosen} for job type {job_type!r} is gone"
+            ) from None
+        self._handle, self._handle_name = handle, chosen
+        return handle
 
     def _call(self, what: str, method: str, *args: Any, job_type: str | None = None) -> Any:
         """`method` of the controller host (one that runs `job_type`, when given); once more

@@ -20,7 +20,8 @@ from ..engine.messages import (
 from ..engine.ports import Dispatched
 from ..jobs.errors import NoEligibleJobWorker
 from ..jobs.state import JobKey
-from ..placement.capability import HostAdvert, eligible_workers
+from ..placement.capability import HostAdvert
+from ..placement.choice import Placement
 from .routes import Routes
 
 AdvertsOf = Callable[[list[str]], Awaitable[dict[str, HostAdvert]]]
@@ -31,11 +32,18 @@ log = logging.getLogger("choreography_ray.runtime")
 class RayDispatcher:
     """Sends a job's starts to the worker hosts, in batches, and its stops to all of them."""
 
-    def __init__(self, routes: Routes, controller: str, adverts: AdvertsOf | None = None) -> None:
+    def __init__(
+        self,
+        routes: Routes,
+        controller: str,
+        adverts: AdvertsOf | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         self.routes = routes
         self.controller = controller
         self.adverts = adverts
         """What the worker hosts advertise; None takes every worker as able (tests)."""
+        self.placement = placement or Placement()
         self._turn = 0
 
     async def _workers(self) -> list[str]:
@@ -56,7 +64,8 @@ class RayDispatcher:
     ) -> Dispatched:
         workers = await self._workers()
         if self.adverts is not None:
-            workers = eligible_workers(job_type, workers, await self.adverts(workers))
+            adverts = await self.adverts(workers)
+            workers = self.placement.eligible_workers(job_type, workers, adverts)
         live = set(workers)
         # A step that ran on a live eligible host goes back there; the rest spread over the
         # eligible hosts, one call per host.

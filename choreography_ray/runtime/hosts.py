@@ -35,6 +35,7 @@ from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
 from ..placement.capability import HostAdvert
+from ..placement.choice import Placement
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.keys import KeyCatalogReader
 from ..recovery.liveness import owner_alive
@@ -42,7 +43,7 @@ from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
 from ..recovery.watch import MembershipWatch
 from ..storage.protocols import JobQuery, StepCounts
-from .adverts import Adverts, advertised_capabilities, delete_advert, write_advert
+from .adverts import Adverts, advertised_capabilities, delete_advert, node_of, write_advert
 from .config import import_modules
 from .constants import WORKER_PREFIX, controller_name, worker_name
 from .directory import RayDirectory
@@ -83,6 +84,7 @@ class _Host:
             config.storage, namespace=namespace, modules=config.modules, options=self.options
         )
         self._startup = Startup(self._start, self.clock, what=name)
+        self._node: tuple[dict[str, str], dict[str, float]] | None = None
 
     async def ready(self) -> int:
         """Wait until the host has started (storage open, routing table read, and for a
@@ -97,8 +99,14 @@ class _Host:
         await self._advertise()
 
     def advert(self) -> HostAdvert:
-        """What this host can run: the types its imports registered, and what failed."""
+        """What this host can run: the types its imports registered, and what failed; its
+        node's labels and resources, for directors (read once: they do not change)."""
+        if self._node is None:
+            self._node = node_of(self.node_id)
+        labels, resources = self._node
         return HostAdvert(
+            labels=labels,
+            resources=resources,
             name=self.name,
             node_id=self.node_id,
             job_types=default_registry.names(TypeKind.JOB),
@@ -108,7 +116,7 @@ class _Host:
         )
 
     async def _advertise(self) -> None:
-        await asyncio.to_thread(write_advert, self.advert(), self.namespace)
+        await asyncio.to_thread(lambda: write_advert(self.advert(), self.namespace))
 
     async def ping(self) -> int:
         return self.epoch
@@ -136,7 +144,10 @@ class ControllerHost(_Host):
 
     def __init__(self, namespace: str, node_id: str) -> None:
         super().__init__(namespace, node_id, controller_name(node_id))
-        self.dispatcher = RayDispatcher(self.routes, self.name, Adverts(namespace, self.clock).of)
+        self.placement = Placement(self.options.job_director, self.options.step_director)
+        self.dispatcher = RayDispatcher(
+            self.routes, self.name, Adverts(namespace, self.clock).of, self.placement
+        )
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")

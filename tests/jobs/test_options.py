@@ -22,6 +22,7 @@ from choreography_ray.jobs import InvalidOptionError, JobsOptions, parse_duratio
 #   timeout    a positive timedelta (a wait that must end, or a cadence)
 #   names      importable module:callable names, as a list or comma-separated text
 #   label      a node label key (an optional DNS prefix and /, a name)
+#   director   one importable module:callable name, or None
 SETTINGS: dict[str, tuple[str, Any]] = {
     "max_parallel_steps": ("optional", None),
     "dead_job_threshold": ("duration", timedelta(hours=1)),
@@ -54,6 +55,8 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "key_providers": ("names", ()),
     "role_label": ("label", "choreography.io/role"),
     "parallelism_label": ("label", "choreography.io/max-parallel-steps"),
+    "job_director": ("director", None),
+    "step_director": ("director", None),
 }
 
 # A valid value of each kind other than any default, as text and as what it reads as.
@@ -66,6 +69,7 @@ VALID_TEXT = {
     "timeout": ("250ms", timedelta(milliseconds=250)),
     "names": ("myapp.recovery:job_keys, other:keys", ("myapp.recovery:job_keys", "other:keys")),
     "label": ("example.com/tier", "example.com/tier"),
+    "director": ("myapp.placement:Spot", "myapp.placement:Spot"),
 }
 VALID_TOML = {
     "duration": ('"90s"', timedelta(seconds=90)),
@@ -76,6 +80,7 @@ VALID_TOML = {
     "timeout": ('"90s"', timedelta(seconds=90)),
     "names": ('["myapp.recovery:job_keys"]', ("myapp.recovery:job_keys",)),
     "label": ('"tier"', "tier"),
+    "director": ('"myapp.placement:Spot"', "myapp.placement:Spot"),
 }
 
 # Bad values of each kind: in code, as environment text and as TOML.
@@ -88,6 +93,7 @@ BAD_IN_CODE = {
     "timeout": [0, -1, "0s", "never", "soon", [10], True, float("inf"), None],
     "names": ["job_keys", "a b:c", "m:", [1], True, 3],
     "label": ["", "a b", "Bad_Prefix/x", "x/", "-x", [1], True, None],
+    "director": ["Spot", "a b:c", "m:", ["m:f"], True, 3],
 }
 BAD_IN_ENV = {
     "duration": ["-5s", "soon", "10 weeks", "99999999999d"],
@@ -98,6 +104,7 @@ BAD_IN_ENV = {
     "timeout": ["0", "0s", "-5s", "never", "soon"],
     "names": ["job_keys", "m:f, oops", "a/b:c"],
     "label": ["a b", "x/", "role="],
+    "director": ["Spot", "m:f, other:g"],
 }
 BAD_IN_TOML = {
     "duration": ["-1", '"-5s"', '"soon"', "[10]", "true", "inf"],
@@ -108,6 +115,7 @@ BAD_IN_TOML = {
     "timeout": ["0", '"0s"', '"never"', "true"],
     "names": ['"job_keys"', "[1]", "true"],
     "label": ['"a b"', "[1]", "true"],
+    "director": ['"Spot"', '["m:f"]', "true"],
 }
 
 

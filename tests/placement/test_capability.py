@@ -8,11 +8,11 @@ from choreography_ray.jobs import NoEligibleJobWorker
 from choreography_ray.placement.capability import (
     HostAdvert,
     eligible,
-    eligible_workers,
     everywhere,
     failing_everywhere,
     import_failures,
 )
+from choreography_ray.placement.choice import Placement
 
 
 def advert(name: str, *types: str, failed: dict[str, str] | None = None, caps=()) -> HostAdvert:
@@ -23,6 +23,10 @@ def advert(name: str, *types: str, failed: dict[str, str] | None = None, caps=()
         failed_modules=failed or {},
         capabilities=list(caps),
     )
+
+
+def eligible_workers(job_type: str, live: list[str], adverts: dict[str, HostAdvert]) -> list[str]:
+    return Placement().eligible_workers(job_type, live, adverts)
 
 
 ADVERTS = {

@@ -55,3 +55,17 @@ class SpreadJob(Job[Spread], name="placement-tests.spread"):
 def records(directory: Path) -> dict[int, dict[str, object]]:
     """Each step's node and how many steps ran on that node as it started, by step number."""
     return {int(path.stem): json.loads(path.read_text()) for path in directory.glob("*.json")}
+
+
+class OffsideJob(SpreadJob, name="placement-tests.offside"):
+    """Kept off spot nodes by `SteadyForOffside`."""
+
+
+class SteadyForOffside:
+    """The step director of the placement tests: offside jobs only on nodes labelled
+    spot=false; every other job anywhere."""
+
+    def choose_workers(self, job_type: str, candidates):
+        if job_type != OffsideJob.name:
+            return [c.host for c in candidates]
+        return [c.host for c in candidates if c.labels.get("spot") == "false"]

@@ -59,7 +59,7 @@ class Offline(Jobs):
         self.answers = answers or {}
         self.calls: list[str] = []
 
-    def _call(self, what: str, method: str, *args: Any) -> Any:
+    def _call(self, what: str, method: str, *args: Any, **routing: Any) -> Any:
         if method not in self.answers:
             raise AssertionError(f"{what} reached the cluster")
         self.calls.append(method)

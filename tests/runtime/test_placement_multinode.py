@@ -13,7 +13,7 @@ from choreography_ray.placement.parallelism import PARALLELISM_LABEL
 from choreography_ray.runtime.constants import controller_name, worker_name
 
 from .conftest import ROOT
-from .placement_jobs import Spread, SpreadJob, records
+from .placement_jobs import OffsideJob, Spread, SpreadJob, records
 from .placement_picky import PickyJob
 
 LIMITS = (1, 2)
@@ -30,14 +30,21 @@ def cluster(tmp_path_factory) -> Iterator[object]:
         NodeSpec("controller", by_label=True),
         *(
             NodeSpec("worker", labels={PARALLELISM_LABEL: str(limit), **more}, by_label=True)
-            for limit, more in zip(LIMITS, ({}, {"placement-tests/no-picky": "true"}), strict=True)
+            for limit, more in zip(
+                LIMITS,
+                ({"spot": "false"}, {"spot": "true", "placement-tests/no-picky": "true"}),
+                strict=True,
+            )
         ),
     ]
     with MultiNodeCluster(
         storage,
         nodes=nodes,
         modules=["tests.runtime.placement_jobs", "tests.runtime.placement_picky"],
-        options=JobsOptions(max_parallel_steps=8),  # what a node without the label runs
+        options=JobsOptions(
+            max_parallel_steps=8,  # what a node without the label runs
+            step_director="tests.runtime.placement_jobs:SteadyForOffside",
+        ),
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     ) as running:
         yield running
@@ -91,3 +98,17 @@ def test_a_job_whose_module_fails_on_one_worker_node_runs_only_on_the_other(
 
     assert cluster.jobs.wait(job_id, timeout=90).status == JobStatus.COMPLETED_SUCCESSFULLY
     assert {record["node"] for record in records(tmp_path).values()} == {able.node_id}
+
+
+def test_a_step_director_keeps_one_job_type_off_a_node(cluster, tmp_path) -> None:
+    _, steady, spot = cluster.nodes()
+    offside, anywhere = tmp_path / "offside", tmp_path / "anywhere"
+    offside.mkdir()
+    anywhere.mkdir()
+    kept = cluster.jobs.start(OffsideJob, Spread(directory=str(offside), steps=6, hold=0.05))
+    free = cluster.jobs.start(SpreadJob, Spread(directory=str(anywhere), steps=6, hold=0.05))
+
+    for job_id in (kept, free):
+        assert cluster.jobs.wait(job_id, timeout=90).status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert {r["node"] for r in records(offside).values()} == {steady.node_id}
+    assert {r["node"] for r in records(anywhere).values()} == {steady.node_id, spot.node_id}

@@ -1,0 +1,82 @@
+"""The choice of hosts for a job and for its steps: the hosts that can run the job's type,
+narrowed by the registered director. What `runtime` calls; plain Python over the hosts'
+advertisements, so it is tested without a cluster."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from ..jobs.errors import ConfigurationError, NoEligibleJobWorker
+from .capability import HostAdvert, eligible, not_eligible_reason
+from .directors import Candidate, directed_controller, directed_workers, load_director
+
+log = logging.getLogger("choreography_ray.placement")
+
+
+def candidates(hosts: list[str], adverts: Mapping[str, HostAdvert]) -> list[Candidate]:
+    """The hosts as a director sees them (a host that has not advertised shows no labels)."""
+    found = []
+    for name in hosts:
+        advert = adverts.get(name)
+        if advert is None:
+            found.append(Candidate(name, ""))
+        else:
+            found.append(Candidate(name, advert.node_id, advert.labels, advert.resources))
+    return found
+
+
+class Placement:
+    """Chooses controller and worker hosts with the cluster's directors."""
+
+    def __init__(self, job_director: str | None = None, step_director: str | None = None) -> None:
+        self.problem: str | None = None
+        """Why a registered director could not be loaded: every choice fails with it."""
+        self.job_director = self._load(job_director, "job_director")
+        self.step_director = self._load(step_director, "step_director")
+
+    def _load(self, name: str | None, setting: str) -> object:
+        if name is None:
+            return None
+        try:
+            return load_director(name, setting)
+        except ConfigurationError as error:
+            log.error("%s", error)
+            self.problem = str(error)
+            return None
+
+    def _check(self) -> None:
+        if self.problem is not None:
+            raise NoEligibleJobWorker(self.problem)
+
+    def eligible_workers(
+        self, job_type: str, live: list[str], adverts: Mapping[str, HostAdvert]
+    ) -> list[str]:
+        """The live worker hosts the steps of `job_type` may go to; `NoEligibleJobWorker`
+        with the reason when there is none."""
+        self._check()
+        able = eligible(live, adverts, job_type)
+        if not able:
+            raise NoEligibleJobWorker(not_eligible_reason("worker", job_type, live, adverts))
+        return directed_workers(
+            self.step_director,  # type: ignore[arg-type]
+            job_type,
+            candidates(able, adverts),
+        )
+
+    def controller(
+        self, job_type: str, live: list[str], adverts: Mapping[str, HostAdvert], preferred: str
+    ) -> str:
+        """The controller host of a new job of `job_type`: the director's choice, else
+        `preferred` when it can run the type, else the first that can."""
+        self._check()
+        able = eligible(live, adverts, job_type)
+        if not able:
+            raise NoEligibleJobWorker(not_eligible_reason("controller", job_type, live, adverts))
+        default = preferred if preferred in able else able[0]
+        return directed_controller(
+            self.job_director,  # type: ignore[arg-type]
+            job_type,
+            candidates(able, adverts),
+            default,
+        )
