@@ -42,6 +42,12 @@ def _client(
     return guard(checked)
 
 
+def waiting_text(job: Any) -> str:
+    """ "waiting for a worker: <reason>" for a job that waits for one, else ""."""
+    wait = job.waiting_for_worker
+    return f"waiting for a worker: {wait.reason}" if wait is not None else ""
+
+
 def _key_args(scope: str, namespace: str) -> dict[str, str]:
     return {"scope": scope, "namespace": namespace}
 
@@ -77,7 +83,7 @@ def jobs_list(
             job.status.name,
             f"{p.successful_steps + p.failed_steps + p.unreachable_steps}/{p.total_steps}",
             job.created.strftime("%Y-%m-%d %H:%M:%S"),
-            job.details,
+            "; ".join(filter(None, [waiting_text(job), job.details])),
         )
     console.print(table)
 
@@ -106,6 +112,9 @@ def jobs_show(
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
     if job.details:
         console.print(job.details)
+    if job.waiting_for_worker is not None:
+        since = f"{job.waiting_for_worker.since:%Y-%m-%d %H:%M:%S}"
+        console.print(f"[yellow]{waiting_text(job)}[/yellow] (since {since})", soft_wrap=True)
     console.print(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..jobs.errors import NoEligibleJobWorker
 from ..jobs.job import JobStageFailureBehavior
-from ..jobs.state import StatusChange
+from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore, save_all
@@ -173,6 +174,8 @@ class Stages:
             if isinstance(answer, BaseException):
                 failed += await self._undelivered(batch, answer, failures_fail)
                 continue
+            if answer.hosts:
+                self.record.state.waiting_for_worker = None  # a worker took starts
             ledger.place(answer.hosts, generation)
             for result in answer.results:
                 failed += await self._started(result)
@@ -256,6 +259,7 @@ class Stages:
                 attempt=tracked.attempt if tracked else 1,
                 stage=stage,
                 name=ledger.names.get(result.step_id, ""),
+                error=StepError(messages=[result.reason or "the step did not start"]),
             )
         )
         return 1
@@ -267,7 +271,11 @@ class Stages:
         placement spec's three moments): while a job starts, its steps count as failed, and
         the start says so; on resume, recovery or a later stage the job stays Running and the
         batch is sent again every `job_watchdog_interval` until a worker takes it. A
-        `NoEligibleJobWorker` is no different from a lost connection: no worker took it."""
+        `NoEligibleJobWorker` is no different from a lost connection: no worker took it, except
+        while a starting job may still wait for a worker (`worker_wait_timeout`): it waits
+        as on resume, durably and visibly (`JobState.waiting_for_worker`)."""
+        if failures_fail and isinstance(error, NoEligibleJobWorker):
+            failures_fail = not self._wait_for_worker(error)
         if failures_fail:
             failed = 0
             for start in batch:
@@ -288,6 +296,20 @@ class Stages:
         self.core.spawn(self._send_again(batch, interval.total_seconds()))
         return 0
 
+    def _wait_for_worker(self, error: NoEligibleJobWorker) -> bool:
+        """Whether a starting job waits for a worker rather than failing its steps: it does
+        until `worker_wait_timeout` has passed since it began to wait (recorded in the job's
+        state, so that the wait outlives this activation)."""
+        timeout = self.core.ctx.options.worker_wait_timeout
+        state = self.record.state
+        now = self.core.ctx.clock.now()
+        since = state.waiting_for_worker.since if state.waiting_for_worker else now
+        if not timeout or now - since >= timeout:
+            state.waiting_for_worker = None
+            return False
+        state.waiting_for_worker = WorkerWait(reason=str(error), since=since)
+        return True
+
     async def _send_again(self, batch: list[StepStart], delay: float) -> None:
         await self.core.ctx.clock.sleep(delay)
         async with self.core.turn:
@@ -297,7 +319,10 @@ class Stages:
             self.ledger.waiting.extendleft(
                 (s.step_id, s.attempt) for s in reversed(batch) if s.step_id not in counted
             )
-            await self.advance(dispatch_failures_fail=False)
+            # A job waiting for a worker since its start fails its steps once the wait ends.
+            await self.advance(
+                dispatch_failures_fail=self.record.state.waiting_for_worker is not None
+            )
             await self.record.save_progress()
 
     # -- retries --------------------------------------------------------------------------------

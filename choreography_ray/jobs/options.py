@@ -99,6 +99,9 @@ class JobsOptions(BaseModel):
     step_lease_timeout: timedelta = timedelta(0)
     """Heartbeat lease of running steps; zero turns leases off."""
     job_watchdog_interval: timedelta = timedelta(seconds=30)
+    worker_wait_timeout: timedelta = timedelta(minutes=15)
+    """How long a starting job waits, durably, for a worker host that can run its steps
+    before they count failed; zero fails them at once (the reference system's behaviour)."""
     step_delivery_retry_delay: timedelta = timedelta(seconds=1)
     max_step_delivery_retry_delay: timedelta = timedelta(seconds=60)
     step_delivery_max_attempts: int = 10
@@ -140,6 +143,7 @@ class JobsOptions(BaseModel):
         "max_step_retry_backoff",
         "step_lease_timeout",
         "job_watchdog_interval",
+        "worker_wait_timeout",
         "step_delivery_retry_delay",
         "max_step_delivery_retry_delay",
         "transient_retry_base_delay",

@@ -149,6 +149,15 @@ class PlannedStep(_Model):
     request: Payload
 
 
+class WorkerWait(_Model):
+    """A job waiting for a worker host that can run its steps: why none can, and since when."""
+
+    reason: str
+    since: datetime
+
+    _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
+
+
 class JobState(_Model):
     """The stored record of a job."""
 
@@ -170,6 +179,8 @@ class JobState(_Model):
     execution_generation: int = 0
     pending_drain: bool = False
     owner: JobOwner | None = None
+    waiting_for_worker: WorkerWait | None = None
+    """Set while no worker host qualifies for the job's steps (`worker_wait_timeout`)."""
     version: int = 0
     """Compare-and-set token: 0 for a record never saved, then the stored version."""
 

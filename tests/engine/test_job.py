@@ -432,6 +432,7 @@ UNDELIVERED = [
 ]
 
 
+@pytest.mark.parametrize("options", [JobsOptions(max_parallel_steps=8, worker_wait_timeout=0)])
 @pytest.mark.parametrize("error", UNDELIVERED)
 def test_when_starting_and_no_worker_takes_the_start_the_steps_count_failed(
     run, cluster, script, error
@@ -449,6 +450,7 @@ def test_when_starting_and_no_worker_takes_the_start_the_steps_count_failed(
     assert state.progress.failed_steps == 2
     assert all(s.is_prepared and s.status == JobStepStatus.UNKNOWN for s in steps)  # never ran
     assert script.runs == []
+    assert [o.error.messages for o in script.outcomes] == [[str(error)]] * 2  # with the reason
 
 
 @pytest.mark.parametrize("error", UNDELIVERED)

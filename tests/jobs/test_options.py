@@ -41,6 +41,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "max_step_retry_backoff": ("duration", timedelta(seconds=60)),
     "step_lease_timeout": ("duration", timedelta(0)),
     "job_watchdog_interval": ("duration", timedelta(seconds=30)),
+    "worker_wait_timeout": ("duration", timedelta(minutes=15)),
     "step_delivery_retry_delay": ("duration", timedelta(seconds=1)),
     "max_step_delivery_retry_delay": ("duration", timedelta(seconds=60)),
     "step_delivery_max_attempts": ("count", 10),

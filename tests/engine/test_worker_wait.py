@@ -1,0 +1,107 @@
+"""A starting job that no worker host qualifies for waits, durably and visibly, for up to
+`worker_wait_timeout`, and its steps start when one appears; once the wait is over they count
+failed with the reason, as with `worker_wait_timeout=0` at once (the reference behaviour)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from choreography_ray.jobs import JobsOptions, JobStatus, StartJobError
+from choreography_ray.jobs.errors import NoEligibleJobWorker
+
+from .fixtures import ScenarioJob, request
+
+WATCHDOG = 30
+NONE_QUALIFIES = NoEligibleJobWorker("no worker host runs job type 'scenario'")
+
+
+@pytest.fixture
+def options() -> JobsOptions:
+    return JobsOptions(
+        max_parallel_steps=8, worker_wait_timeout="5m", job_watchdog_interval=WATCHDOG
+    )
+
+
+def test_a_starting_job_waits_visibly_and_its_steps_start_when_a_worker_appears(
+    run, cluster, script
+):
+    async def scenario():
+        cluster.dispatch_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a", "b"))
+        await cluster.advance(WATCHDOG)  # still none: it goes on waiting
+        stored = await cluster.storage().jobs.get(result.job_id)
+        cluster.dispatch_fault = None  # a worker node joins
+        await cluster.advance(WATCHDOG)
+        return result, stored, await cluster.wait(result.job_id)
+
+    result, waiting, state = run(scenario())
+    assert result.succeeded
+    assert waiting.status == JobStatus.RUNNING and waiting.progress.failed_steps == 0
+    assert waiting.waiting_for_worker is not None
+    assert waiting.waiting_for_worker.reason == str(NONE_QUALIFIES)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.waiting_for_worker is None
+    assert sorted(step for step, _ in script.runs) == ["a", "b"]
+
+
+def test_once_the_wait_is_over_the_steps_count_failed_with_the_reason(run, cluster, script):
+    async def scenario():
+        cluster.dispatch_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a", "b"))
+        stored = await cluster.storage().jobs.get(result.job_id)
+        for _ in range(5 * 60 // WATCHDOG + 1):
+            await cluster.advance(WATCHDOG)
+        return stored, await cluster.wait(result.job_id)
+
+    waiting, state = run(scenario())
+    since = waiting.waiting_for_worker.since
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 2
+    assert state.waiting_for_worker is None
+    assert state.status_changes[-1].occurred - since >= timedelta(minutes=5)
+    assert [o.error.messages for o in script.outcomes] == [[str(NONE_QUALIFIES)]] * 2
+    assert script.runs == []
+
+
+@pytest.mark.parametrize("options", [JobsOptions(max_parallel_steps=8, worker_wait_timeout=0)])
+def test_a_zero_wait_fails_the_steps_at_once_as_the_reference_system_does(run, cluster, script):
+    async def scenario():
+        cluster.dispatch_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a"))
+        return result, await cluster.wait(result.job_id)
+
+    result, state = run(scenario())
+    assert result.error == StartJobError.ALL_JOB_STEPS_FAILED_STARTING
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.waiting_for_worker is None
+
+
+def test_a_lost_connection_is_not_a_reason_to_wait(run, cluster, script):
+    async def scenario():
+        cluster.dispatch_fault = ConnectionError("the worker host went away")
+        result = await cluster.start(ScenarioJob, request("a"))
+        return result, await cluster.wait(result.job_id)
+
+    result, state = run(scenario())
+    assert result.error == StartJobError.ALL_JOB_STEPS_FAILED_STARTING
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+
+
+def test_the_wait_outlives_the_controller_and_its_deadline_still_holds(run, cluster, script):
+    async def scenario():
+        cluster.dispatch_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.advance(WATCHDOG)
+        await cluster.crash()
+        await cluster.manager().resume(result.job_id)
+        resumed = await cluster.storage().jobs.get(result.job_id)
+        for _ in range(5 * 60 // WATCHDOG + 1):
+            await cluster.advance(WATCHDOG)
+        return resumed, await cluster.wait(result.job_id)
+
+    resumed, state = run(scenario())
+    assert resumed.status == JobStatus.RUNNING and resumed.waiting_for_worker is not None
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 1
