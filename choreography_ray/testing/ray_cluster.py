@@ -135,9 +135,10 @@ class MultiNodeCluster:
         cpus_per_node: int = 1,
         health: HealthChecks | None = None,
         node_timeout: float = 30.0,
+        allow_no_worker: bool = False,
     ) -> None:
         self.storage = _durable_storage(storage)
-        self.layout: tuple[NodeSpec, ...] = _checked_layout(nodes)
+        self.layout: tuple[NodeSpec, ...] = _checked_layout(nodes, allow_no_worker)
         self.namespace = namespace
         self.modules = list(modules)
         self.options = options
@@ -251,7 +252,7 @@ class MultiNodeCluster:
 
     def add_node(self, node: Role | NodeSpec) -> ClusterNode:
         """Start one more node, as a machine that joins, and wait until Ray lists it. Its
-        hosts are not started: that is for `jobs`' `connect` again (or a membership watch)."""
+        hosts are not started: `start_hosts()` does (or a membership watch)."""
         if self._cluster is None:
             raise RuntimeError("the cluster is not running (start() it)")
         spec = _spec(node)
@@ -259,6 +260,13 @@ class MultiNodeCluster:
             added = self._add(spec, head=False)
             self._cluster.wait_for_nodes(timeout=self.node_timeout)
         return added
+
+    def start_hosts(self) -> list[str]:
+        """Start the host actors of nodes that have none yet (those added since); returns
+        every host's name."""
+        from ..runtime.placement import start_hosts
+
+        return sorted(start_hosts(self.namespace))
 
     # -- what runs --------------------------------------------------------------------------
 
@@ -403,12 +411,12 @@ def _spec(node: object) -> NodeSpec:
     return spec
 
 
-def _checked_layout(nodes: Sequence[object]) -> tuple[NodeSpec, ...]:
+def _checked_layout(nodes: Sequence[object], allow_no_worker: bool = False) -> tuple[NodeSpec, ...]:
     layout = tuple(_spec(node) for node in nodes)
     roles = [spec.role for spec in layout]
     if not any(role in ("controller", "both") for role in roles):
         raise ConfigurationError(f"nodes: {roles} has no controller node")
-    if not any(role in ("worker", "both") for role in roles):
+    if not allow_no_worker and not any(role in ("worker", "both") for role in roles):
         raise ConfigurationError(f"nodes: {roles} has no worker node")
     return layout
 

@@ -1,0 +1,50 @@
+"""A cluster with no worker node yet, as an autoscaling one starts: a job started meanwhile
+waits, visibly and durably, and starts its steps once a worker node has joined. One bounded
+multi-node cluster for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from choreography_ray.jobs import JobStatus
+
+from .conftest import ROOT
+from .placement_jobs import Spread, SpreadJob, records
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[object]:
+    from choreography_ray.jobs import JobsOptions
+    from choreography_ray.testing import MultiNodeCluster, NodeSpec
+
+    storage = f"sqlite:///{tmp_path_factory.mktemp('waiting') / 'jobs.db'}"
+    with MultiNodeCluster(
+        storage,
+        nodes=[NodeSpec("controller", by_label=True)],
+        allow_no_worker=True,
+        modules=["tests.runtime.placement_jobs"],
+        options=JobsOptions(worker_wait_timeout="10m", job_watchdog_interval="1s"),
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    ) as running:
+        yield running
+
+
+def test_a_job_waits_for_a_worker_node_and_starts_when_one_joins(cluster, tmp_path) -> None:
+    from choreography_ray.testing import NodeSpec
+
+    job_id = cluster.jobs.start(SpreadJob, Spread(directory=str(tmp_path), steps=3, hold=0.05))
+    waiting = cluster.jobs.get(job_id)
+    assert waiting.status == JobStatus.RUNNING
+    assert waiting.waiting_for_worker is not None
+    assert "no worker host" in waiting.waiting_for_worker.reason
+    assert waiting.progress.failed_steps == 0
+
+    worker = cluster.add_node(NodeSpec("worker", by_label=True))
+    cluster.start_hosts()
+
+    state = cluster.jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.waiting_for_worker is None
+    assert {r["node"] for r in records(tmp_path).values()} == {worker.node_id}
