@@ -47,6 +47,11 @@ class StepDispatcher(Protocol):
         back where they are, so none runs twice."""
         ...
 
+    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+        """Raise `NoEligibleJobWorker` (with the reason) when no worker qualifies for the
+        steps of `job_type` now: asked before a job's steps are prepared."""
+        ...
+
 
 class JobReporter(Protocol):
     """Carries step outcomes back to their job's live activation."""

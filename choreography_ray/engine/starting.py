@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..jobs.errors import StartJobError, VersionConflictError
+from ..jobs.errors import NoEligibleJobWorker, StartJobError, VersionConflictError
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobStepState, PlannedStep
 from ..jobs.status import JobStatus
@@ -161,6 +161,14 @@ class Starting:
         self, plan: list[PlannedStep], existing: set[str], *, clean_start: bool
     ) -> JobStartResult:
         """Prepare every planned step not in `existing`, then enter Running and dispatch."""
+        if clean_start and not self.core.ctx.options.worker_wait_timeout:
+            try:
+                # The placement spec's first moment: no worker qualifies as steps are prepared.
+                await self.core.ctx.dispatcher.check_placement(
+                    self.core.ctx.key, self.record.state.type
+                )
+            except NoEligibleJobWorker as error:
+                return await self.fail(error, StartJobError.UNKNOWN)
         try:
             failed = await self._prepare_steps(plan, existing)
         except Released:

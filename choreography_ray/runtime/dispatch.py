@@ -104,6 +104,11 @@ class RayDispatcher:
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
 
+    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+        workers = await self._workers()
+        if self.adverts is not None:
+            self.placement.eligible_workers(job_type, workers, await self.adverts(workers))
+
     async def stop_steps(self, request: StopRequest) -> StopResult:
         names = list(self.routes.workers)
         calls = [self.routes.call(name, "stop_steps", request) for name in names]

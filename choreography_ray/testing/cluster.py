@@ -69,6 +69,8 @@ class InProcessCluster:
             self.add_worker(f"worker-{index}")
         self._turn = 0
         self.dispatch_fault: BaseException | None = None
+        self.placement_fault: BaseException | None = None
+        """Raised when a job asks, before preparing its steps, whether a worker qualifies."""
         self.report_fault: BaseException | None = None
         self.start_batches: list[int] = []
         self.sent: list[tuple[str, str]] = []
@@ -200,6 +202,10 @@ class InProcessCluster:
         if worker is None:
             raise ConnectionError(f"host {host} is gone")
         return worker.activation_id, worker.running(job_key, job_id, step_ids)
+
+    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+        if self.placement_fault is not None:
+            raise self.placement_fault
 
     # JobReporter
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:

@@ -105,3 +105,46 @@ def test_the_wait_outlives_the_controller_and_its_deadline_still_holds(run, clus
     assert resumed.status == JobStatus.RUNNING and resumed.waiting_for_worker is not None
     assert state.status == JobStatus.COMPLETED_WITH_FAILURES
     assert state.progress.failed_steps == 1
+
+
+# -- the reference system's moments, with worker_wait_timeout=0 ------------------------------
+
+SEED = JobsOptions(max_parallel_steps=8, worker_wait_timeout=0)
+
+
+@pytest.mark.parametrize("options", [SEED])
+def test_moment_one_no_worker_as_steps_are_prepared_fails_the_job_with_the_reason(
+    run, cluster, script
+):
+    async def scenario():
+        cluster.placement_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a", "b"))
+        cluster.placement_fault = None
+        await cluster.advance(WATCHDOG)  # nothing is retried
+        state = await cluster.storage().jobs.get(result.job_id)
+        return result, state, await cluster.storage().steps.get_for_job(result.job_id)
+
+    result, state, steps = run(scenario())
+    assert result.error == StartJobError.UNKNOWN
+    assert state.status == JobStatus.FAILED
+    assert state.status_changes[-1].exception_messages == [
+        f"NoEligibleJobWorker: {NONE_QUALIFIES}"
+    ]
+    assert steps == [] and script.runs == []
+
+
+def test_while_waiting_is_allowed_no_worker_at_preparation_does_not_fail_the_job(
+    run, cluster, script
+):
+    async def scenario():
+        cluster.placement_fault = NONE_QUALIFIES
+        cluster.dispatch_fault = NONE_QUALIFIES
+        result = await cluster.start(ScenarioJob, request("a"))
+        state = await cluster.storage().jobs.get(result.job_id)
+        cluster.placement_fault = cluster.dispatch_fault = None
+        await cluster.advance(WATCHDOG)
+        return result, state, await cluster.wait(result.job_id)
+
+    result, waiting, state = run(scenario())
+    assert result.succeeded and waiting.waiting_for_worker is not None
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
