@@ -6,24 +6,46 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..jobs.errors import ConfigurationError, NoEligibleJobWorker
 from .capability import HostAdvert, eligible, not_eligible_reason
 from .directors import Candidate, directed_controller, directed_workers, load_director
+from .headroom import most_headroom
 
 log = logging.getLogger("choreography_ray.placement")
 
 
-def candidates(hosts: list[str], adverts: Mapping[str, HostAdvert]) -> list[Candidate]:
+def candidates(
+    hosts: list[str],
+    adverts: Mapping[str, HostAdvert],
+    load: Mapping[str, HostLoad] | None = None,
+) -> list[Candidate]:
     """The hosts as a director sees them (a host that has not advertised shows no labels)."""
     found = []
+    load = load or {}
     for name in hosts:
         advert = adverts.get(name)
-        if advert is None:
-            found.append(Candidate(name, ""))
-        else:
-            found.append(Candidate(name, advert.node_id, advert.labels, advert.resources))
+        now = load.get(name, HostLoad())
+        found.append(
+            Candidate(
+                name,
+                advert.node_id if advert else "",
+                advert.labels if advert else {},
+                advert.resources if advert else {},
+                now.available,
+                now.activations,
+            )
+        )
     return found
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """How busy a host is now: its node's free resources and its live job activations."""
+
+    available: Mapping[str, float] = field(default_factory=dict)
+    activations: int = 0
 
 
 class Placement:
@@ -65,18 +87,23 @@ class Placement:
         )
 
     def controller(
-        self, job_type: str, live: list[str], adverts: Mapping[str, HostAdvert], preferred: str
+        self,
+        job_type: str,
+        live: list[str],
+        adverts: Mapping[str, HostAdvert],
+        preferred: str,
+        load: Mapping[str, HostLoad] | None = None,
     ) -> str:
-        """The controller host of a new job of `job_type`: the director's choice, else
-        `preferred` when it can run the type, else the first that can."""
+        """The controller host of a new job of `job_type`, among those that run the type: the
+        director's choice, else the one with the most headroom (`preferred` among equals)."""
         self._check()
         able = eligible(live, adverts, job_type)
         if not able:
             raise NoEligibleJobWorker(not_eligible_reason("controller", job_type, live, adverts))
-        default = preferred if preferred in able else able[0]
+        found = candidates(able, adverts, load)
         return directed_controller(
             self.job_director,  # type: ignore[arg-type]
             job_type,
-            candidates(able, adverts),
-            default,
+            found,
+            most_headroom(found, preferred),
         )

@@ -27,6 +27,11 @@ class Candidate:
     node_id: str
     labels: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, float] = field(default_factory=dict)
+    """The node's resources in all."""
+    available: Mapping[str, float] = field(default_factory=dict)
+    """What of them is free now (only known when choosing a controller host)."""
+    activations: int = 0
+    """The host's live job activations (only known when choosing a controller host)."""
 
 
 @runtime_checkable

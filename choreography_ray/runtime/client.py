@@ -37,7 +37,7 @@ from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..placement.capability import HostAdvert, import_failures
-from ..placement.choice import Placement
+from ..placement.choice import HostLoad, Placement
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
@@ -75,6 +75,52 @@ class _AdvertCache:
         return self._adverts
 
 
+class _LoadCache:
+    """Each controller host's live activations and its node's free resources, asked at most
+    once a second: a client that starts many jobs does not ask per job."""
+
+    def __init__(self, namespace: str, seconds: float = 1.0, timeout: float = 2.0) -> None:
+        self.namespace = namespace
+        self.seconds = seconds
+        self.timeout = timeout
+        self._read_at = -float("inf")
+        self._load: dict[str, HostLoad] = {}
+
+    def get(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
+        now = time.monotonic()
+        if len(hosts) > 1 and (now - self._read_at >= self.seconds or set(hosts) - set(self._load)):
+            self._load = self._read(hosts, adverts)
+            self._read_at = now
+        return self._load
+
+    def _read(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
+        """A host that does not answer in time counts as idle: placement is a preference."""
+        from ray._private.state import available_resources_per_node
+
+        free = available_resources_per_node()
+        calls = {}
+        for name in hosts:
+            try:
+                calls[name] = ray.get_actor(name, namespace=self.namespace).activations.remote()
+            except ValueError:
+                continue
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=self.timeout)
+        counts = {}
+        for name, ref in calls.items():
+            if ref in ready:
+                try:
+                    counts[name] = int(ray.get(ref))
+                except Exception:
+                    continue
+        return {
+            name: HostLoad(
+                free.get(adverts[name].node_id, {}) if name in adverts else {},
+                counts.get(name, 0),
+            )
+            for name in hosts
+        }
+
+
 class Jobs:
     """Start, watch, stop, resume and remove jobs. Every call is synchronous; `aio` has the
     same as coroutines."""
@@ -86,6 +132,7 @@ class Jobs:
         self._handle_name: str | None = None
         self._adverts = _AdvertCache(namespace)
         self._placement: Placement | None = None
+        self._load = _LoadCache(namespace)
         self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
 
     # -- routing --------------------------------------------------------------------------------
@@ -122,8 +169,9 @@ class Jobs:
         names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
         local = controller_name(ray.get_runtime_context().get_node_id())
         preferred = self._handle_name if self._handle is not None else local
+        adverts = self._adverts.get(names)
         chosen = self._placement.controller(
-            job_type, names, self._adverts.get(names), preferred or local
+            job_type, names, adverts, preferred or local, self._load.get(names, adverts)
         )
         if self._handle is not None and self._handle_name == chosen:
             return self._handle

@@ -337,6 +337,10 @@ class ControllerHost(_Host):
         self.metrics.outcomes(reports)
         return await self._owned(key, job_id, "deliver", reports)
 
+    async def activations(self) -> int:
+        """How many jobs this host runs now: its part of a controller's headroom."""
+        return sum(len(manager.active_jobs()) for manager in self.managers.values())
+
     async def stats(self) -> dict[str, Any]:
         """Peak memory and the storage writes of released job activations (benchmarks)."""
         import resource

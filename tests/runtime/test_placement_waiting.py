@@ -48,3 +48,20 @@ def test_a_job_waits_for_a_worker_node_and_starts_when_one_joins(cluster, tmp_pa
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert state.waiting_for_worker is None
     assert {r["node"] for r in records(tmp_path).values()} == {worker.node_id}
+
+
+def test_with_two_controllers_a_new_job_goes_to_one_that_runs_it(cluster, tmp_path) -> None:
+    """Default placement asks both controller hosts for their load and places by headroom."""
+    from choreography_ray.runtime.constants import controller_name
+    from choreography_ray.testing import NodeSpec
+
+    second = cluster.add_node(NodeSpec("controller", by_label=True))
+    cluster.start_hosts()
+    controllers = {controller_name(n.node_id) for n in cluster.nodes("controller")}
+    assert controller_name(second.node_id) in controllers and len(controllers) == 2
+
+    job_id = cluster.jobs.start(SpreadJob, Spread(directory=str(tmp_path), steps=2, hold=0.01))
+
+    state = cluster.jobs.wait(job_id, timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.owner is not None and state.owner.host in controllers
