@@ -28,6 +28,9 @@ class EngineContext:
     dispatcher: StepDispatcher
     externalize_plans: bool = True
     """Store large plans apart from the job where storage can (every host must support it)."""
+    plans_apart: Callable[[str], Awaitable[bool]] | None = None
+    """Whether every live host that hosts a job type can read a plan stored apart (asked
+    per job as it saves its plan, during a rolling upgrade); None: all can."""
     owner: JobOwner | None = None
     """This host's identity; when set, activating a job claims it by compare-and-set."""
     owner_alive: Callable[[JobOwner], Awaitable[bool]] | None = None

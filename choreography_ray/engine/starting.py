@@ -124,6 +124,7 @@ class Starting:
             and ctx.externalize_plans
             and plan
             and (limit == 0 or plan_size(plan) > limit)
+            and (ctx.plans_apart is None or await ctx.plans_apart(state.type))
         )
         if external:
             assert plans is not None

@@ -75,7 +75,24 @@ def not_eligible_reason(
     return f"no {role} host can run job type {job_type!r}: " + "; ".join(failures)
 
 
+PLAN_STORAGE = "external-plan-storage"
+
+
 def everywhere(adverts: Iterable[HostAdvert], capability: str) -> bool:
     """Whether every advertising host has `capability` (and at least one advertises)."""
     found = list(adverts)
     return bool(found) and all(capability in advert.capabilities for advert in found)
+
+
+def hosts_of_type_have(
+    live: Iterable[str], adverts: Mapping[str, HostAdvert], job_type: str, capability: str
+) -> bool:
+    """Whether every live host that may host `job_type` has `capability`: a host that has not
+    advertised is taken as an older release, without it (the safe side during an upgrade)."""
+    for name in live:
+        advert = adverts.get(name)
+        if advert is None:
+            return False
+        if advert.hosts(job_type) and capability not in advert.capabilities:
+            return False
+    return True

@@ -34,7 +34,7 @@ from ..engine.worker import StepWorker
 from ..jobs.errors import OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
-from ..placement.capability import HostAdvert
+from ..placement.capability import PLAN_STORAGE, HostAdvert, hosts_of_type_have
 from ..placement.choice import Placement
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.keys import KeyCatalogReader
@@ -145,9 +145,8 @@ class ControllerHost(_Host):
     def __init__(self, namespace: str, node_id: str) -> None:
         super().__init__(namespace, node_id, controller_name(node_id))
         self.placement = Placement(self.options.job_director, self.options.step_director)
-        self.dispatcher = RayDispatcher(
-            self.routes, self.name, Adverts(namespace, self.clock).of, self.placement
-        )
+        self.adverts = Adverts(namespace, self.clock)
+        self.dispatcher = RayDispatcher(self.routes, self.name, self.adverts.of, self.placement)
         self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
@@ -255,6 +254,14 @@ class ControllerHost(_Host):
     async def _rehydrate_partition(self, key: JobKey) -> None:
         await self.manager(key).rehydrate()
 
+    async def _plans_apart(self, job_type: str) -> bool:
+        """Whether every host that may run `job_type` can read a plan stored apart: while an
+        older release runs one, plans stay inline (rolling upgrades)."""
+        if not self.routes.controllers and not self.routes.workers:
+            await self.routes.refresh()
+        live = [*self.routes.controllers, *self.routes.workers]
+        return hosts_of_type_have(live, await self.adverts.of(live), job_type, PLAN_STORAGE)
+
     async def _alive(self, owner: JobOwner) -> bool:
         return await owner_alive(owner, self.me, self._ping)
 
@@ -277,6 +284,7 @@ class ControllerHost(_Host):
                     options=self.options,
                     clock=self.clock,
                     dispatcher=self.dispatcher,
+                    plans_apart=self._plans_apart,
                     owner=self.me,
                     owner_alive=self._alive,
                     on_status=self.metrics.job_status,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -69,6 +69,9 @@ class InProcessCluster:
             self.add_worker(f"worker-{index}")
         self._turn = 0
         self.dispatch_fault: BaseException | None = None
+        self.plans_apart: Callable[[str], Awaitable[bool]] | None = None
+        """Whether every host of a job type could read a plan stored apart (rolling upgrades:
+        set it to answer False as while an older release runs)."""
         self.placement_fault: BaseException | None = None
         """Raised when a job asks, before preparing its steps, whether a worker qualifies."""
         self.report_fault: BaseException | None = None
@@ -101,6 +104,7 @@ class InProcessCluster:
                     clock=self.clock,
                     dispatcher=self,
                     active_hosts=self.active_hosts,
+                    plans_apart=self._plans_apart,
                 ),
                 recovery=Rehydration,
             )
@@ -202,6 +206,9 @@ class InProcessCluster:
         if worker is None:
             raise ConnectionError(f"host {host} is gone")
         return worker.activation_id, worker.running(job_key, job_id, step_ids)
+
+    async def _plans_apart(self, job_type: str) -> bool:
+        return True if self.plans_apart is None else await self.plans_apart(job_type)
 
     async def check_placement(self, job_key: JobKey, job_type: str) -> None:
         if self.placement_fault is not None:

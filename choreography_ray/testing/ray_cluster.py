@@ -94,6 +94,9 @@ class NodeSpec:
     role: Role
     labels: Mapping[str, str] = field(default_factory=dict)
     by_label: bool = False
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    """Environment of the node's processes, its host actors' among them (for instance
+    `CHOREOGRAPHY_WITHHELD_CAPABILITIES`, to play a host of an older release)."""
 
     def node_args(self) -> dict[str, Any]:
         """`Cluster.add_node`'s arguments that declare the role and the labels."""
@@ -103,7 +106,10 @@ class NodeSpec:
             labels[ROLE_LABEL] = self.role
         else:
             resources = dict(_RESOURCES[self.role])
-        return {"resources": resources, "labels": labels}
+        args: dict[str, Any] = {"resources": resources, "labels": labels}
+        if self.env_vars:
+            args["env_vars"] = dict(self.env_vars)
+        return args
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,7 @@ def test_moment_one_no_worker_as_steps_are_prepared_fails_the_job_with_the_reaso
     result, state, steps = run(scenario())
     assert result.error == StartJobError.UNKNOWN
     assert state.status == JobStatus.FAILED
-    assert state.status_changes[-1].exception_messages == [
-        f"NoEligibleJobWorker: {NONE_QUALIFIES}"
-    ]
+    assert state.status_changes[-1].exception_messages == [f"NoEligibleJobWorker: {NONE_QUALIFIES}"]
     assert steps == [] and script.runs == []
 
 

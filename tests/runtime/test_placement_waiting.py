@@ -25,7 +25,10 @@ def cluster(tmp_path_factory) -> Iterator[object]:
         nodes=[NodeSpec("controller", by_label=True)],
         allow_no_worker=True,
         modules=["tests.runtime.placement_jobs"],
-        options=JobsOptions(worker_wait_timeout="10m", job_watchdog_interval="1s"),
+        options=JobsOptions(
+            worker_wait_timeout="10m",
+            job_watchdog_interval="1s",
+        ),
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     ) as running:
         yield running
@@ -65,3 +68,26 @@ def test_with_two_controllers_a_new_job_goes_to_one_that_runs_it(cluster, tmp_pa
     state = cluster.jobs.wait(job_id, timeout=60)
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert state.owner is not None and state.owner.host in controllers
+
+
+def test_a_host_started_with_a_capability_withheld_turns_plan_storage_off(cluster) -> None:
+    """Plans stay inline while it runs (SQLite stores none apart anyway: the engine's tests
+    show the plans; this one that hosts advertise what the engine asks)."""
+    from choreography_ray.placement.capability import PLAN_STORAGE, hosts_of_type_have
+    from choreography_ray.runtime.adverts import WITHHELD_ENV, read_adverts
+    from choreography_ray.testing import NodeSpec
+
+    hosts = cluster.host_names()
+    assert hosts_of_type_have(hosts, read_adverts(cluster.namespace), SpreadJob.name, PLAN_STORAGE)
+
+    older = cluster.add_node(
+        NodeSpec("worker", by_label=True, env_vars={WITHHELD_ENV: PLAN_STORAGE})
+    )
+    cluster.start_hosts()
+
+    adverts = read_adverts(cluster.namespace)
+    withheld = [a for a in adverts.values() if PLAN_STORAGE not in a.capabilities]
+    assert [a.node_id for a in withheld] == [older.node_id]
+    assert "placement" in withheld[0].capabilities
+    hosts = cluster.host_names()
+    assert not hosts_of_type_have(hosts, adverts, SpreadJob.name, PLAN_STORAGE)
