@@ -50,6 +50,14 @@ def node_roles(options: JobsOptions, max_parallel_steps: int | None = None) -> l
     )
 
 
+def roles_of_node(namespace: str, node_id: str) -> NodeRoles | None:
+    """The roles of one live node under the cluster's options (None: it takes none), for
+    starting the hosts of a node that joins: `start_node_hosts(namespace, roles)`."""
+    options = require_config(namespace).jobs_options()
+    found = [roles for roles in node_roles(options) if roles.node_id == node_id]
+    return found[0] if found else None
+
+
 def check_role_labels(options: JobsOptions) -> None:
     """A node whose role label cannot be read fails `connect` in one line naming it."""
     problems = [

@@ -35,6 +35,8 @@ def cluster(tmp_path_factory) -> Iterator[object]:
 
 
 def test_a_job_waits_for_a_worker_node_and_starts_when_one_joins(cluster, tmp_path) -> None:
+    from choreography_ray.placement.roles import NodeRoles
+    from choreography_ray.runtime.connection import roles_of_node
     from choreography_ray.testing import NodeSpec
 
     job_id = cluster.jobs.start(SpreadJob, Spread(directory=str(tmp_path), steps=3, hold=0.05))
@@ -45,6 +47,9 @@ def test_a_job_waits_for_a_worker_node_and_starts_when_one_joins(cluster, tmp_pa
     assert waiting.progress.failed_steps == 0
 
     worker = cluster.add_node(NodeSpec("worker", by_label=True))
+    assert roles_of_node(cluster.namespace, worker.node_id) == NodeRoles(
+        worker.node_id, False, True
+    )
     cluster.start_hosts()
 
     state = cluster.jobs.wait(job_id, timeout=60)
