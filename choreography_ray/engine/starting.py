@@ -6,7 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..jobs.errors import NoEligibleJobWorker, StartJobError, VersionConflictError
+from ..jobs.errors import (
+    ChoreographyError,
+    NoEligibleJobWorker,
+    StartJobError,
+    VersionConflictError,
+)
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobStepState, PlannedStep
 from ..jobs.status import JobStatus
@@ -119,13 +124,11 @@ class Starting:
         ctx = self.core.ctx
         plans = ctx.storage.plans
         limit = ctx.options.max_inline_step_plan_size
-        external = (
-            plans is not None
-            and ctx.externalize_plans
-            and plan
-            and (limit == 0 or plan_size(plan) > limit)
-            and (ctx.plans_apart is None or await ctx.plans_apart(state.type))
-        )
+        large = bool(plan) and (limit == 0 or plan_size(plan) > limit)
+        external = plans is not None and ctx.externalize_plans and large
+        held_inline = False
+        if external and ctx.plans_apart is not None and not await ctx.plans_apart(state.type):
+            external, held_inline = False, True  # a host of an older release could not read it
         if external:
             assert plans is not None
             incarnation = (state.stored_step_plan_incarnation or 0) + 1
@@ -137,7 +140,18 @@ class Starting:
         else:
             state.plan = plan
         record.change(JobStatus.PREPARING_STEPS)
-        await record.save()
+        try:
+            await record.save()
+        except (Released, VersionConflictError):
+            raise
+        except Exception as error:
+            if not held_inline:
+                raise
+            raise ChoreographyError(
+                f"the plan ({plan_size(plan)} bytes) must stay in the job record while a host "
+                f"of an older release runs job type {state.type!r}, and the record could not "
+                f"be written with it: {error}"
+            ) from error
 
     async def fail(self, error: BaseException | str, code: StartJobError) -> JobStartResult:
         """Write the job Failed with the reason and without its plan."""

@@ -60,3 +60,45 @@ def test_while_an_older_host_runs_plans_stay_inline_and_apart_once_it_left(run, 
     assert apart.stored_step_plan_incarnation == 1
     assert first.status == second.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert sorted(step for step, _ in script.runs) == ["a", "b", "c", "d"]
+
+
+def test_a_plan_too_large_for_the_record_while_it_must_stay_inline_fails_the_job_cleanly(
+    run, script
+):
+    from choreography_ray.jobs import StartJobError
+    from choreography_ray.storage.protocols import JobsStorage
+
+    def document_limit(storage: JobsStorage) -> JobsStorage:
+        class Jobs:
+            def __getattr__(self, name):
+                return getattr(storage.jobs, name)
+
+            async def save(self, state):
+                if state.plan:
+                    raise ValueError("document too large")
+                return await storage.jobs.save(state)
+
+        return JobsStorage(storage.key, Jobs(), storage.steps, storage.plans)
+
+    async def older_host_runs(job_type: str) -> bool:
+        return False
+
+    async def scenario():
+        cluster = InProcessCluster(
+            options=JobsOptions(max_inline_step_plan_size=0), wrap_storage=document_limit
+        )
+        await cluster.provider.initialize()
+        cluster.plans_apart = older_host_runs
+        try:
+            result = await cluster.start(ScenarioJob, request("a", "b"))
+            return result, await cluster.storage().jobs.get(result.job_id)
+        finally:
+            await cluster.close()
+
+    result, state = run(scenario())
+    assert result.error == StartJobError.UNKNOWN
+    assert state.status == JobStatus.FAILED and state.plan is None
+    [message] = state.status_changes[-1].exception_messages
+    assert "must stay in the job record while a host of an older release runs" in message
+    assert "document too large" in message
+    assert script.runs == []
