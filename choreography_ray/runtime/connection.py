@@ -39,9 +39,8 @@ from .config import (
     write_config,
 )
 from .constants import NAMESPACE
-from .placement import roles_of_node as roles_of_node  # one node's hosts: a node that joins
+from .placement import roles_of_node as roles_of_node  # one node's roles: a node that joins
 from .placement import start_hosts, stop_hosts
-from .placement import start_node_hosts as start_node_hosts
 from .remote import first_line, last_raised, project_error
 
 AUTH_HINT = (

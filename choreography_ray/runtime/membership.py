@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
-from ..placement.roles import NodeFacts, assign_roles, worker_share
+from ..placement.roles import worker_share
 from ..recovery.keys import KeyCatalog
 from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
 from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
 from .directory import actor_names
 from .host_process import cluster_config
-from .node_hosts import create_node_hosts
+from .node_hosts import create_node_hosts, facts_of, roles_of
 
 if TYPE_CHECKING:
     from .hosts import ControllerHost
@@ -44,17 +45,21 @@ def host_node(name: str) -> str:
 class RayCluster:
     """Reads `ClusterSnapshot`s of one namespace from Ray (blocking: call it in a thread)."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, options: JobsOptions) -> None:
         self.namespace = namespace
+        self.options = options
         self._starts: dict[str, float] = {}
+        self.limits: dict[str, int | None] = {}
+        """Each worker node's step limit (its label, else the cluster's), as last read."""
 
     def __call__(self) -> ClusterSnapshot:
         table = ray.nodes()
-        facts = [
-            NodeFacts(node["NodeID"], bool(node.get("Alive")), dict(node.get("Resources", {})))
-            for node in table
-        ]
-        roles = {roles.node_id: roles for roles in assign_roles(facts)}
+        max_parallel_steps = cluster_config(self.namespace).max_parallel_steps
+        roles = {
+            roles.node_id: roles
+            for roles in roles_of(facts_of(table), self.options, max_parallel_steps)
+        }
+        self.limits = {node_id: r.max_parallel_steps for node_id, r in roles.items()}
         if any(node["NodeID"] not in self._starts for node in table):
             self._starts.update(node_start_times())
         nodes = []
@@ -93,8 +98,9 @@ def node_start_times() -> dict[str, float]:
 class ControllerParticipant:
     """A controller host, as its membership watch acts through it."""
 
-    def __init__(self, host: ControllerHost, worker_class: type) -> None:
+    def __init__(self, host: ControllerHost, worker_class: type, cluster: RayCluster) -> None:
         self.host = host
+        self.cluster = cluster
         self.name = host.name
         self.worker_class = worker_class
 
@@ -129,7 +135,10 @@ class ControllerParticipant:
             node.node_id,
             controller=node.controller,
             worker=node.worker,
-            worker_share=worker_share(config.max_parallel_steps, config.workers_per_node),
+            worker_share=worker_share(
+                self.cluster.limits.get(node.node_id, config.max_parallel_steps),
+                config.workers_per_node,
+            ),
             workers_per_node=config.workers_per_node,
             controller_class=type(self.host),
             worker_class=self.worker_class,
@@ -151,9 +160,10 @@ class ControllerParticipant:
 
 def membership_watch(host: ControllerHost, worker_class: type) -> MembershipWatch:
     """The watch of a controller host, reading Ray every `membership_interval`."""
+    cluster = RayCluster(host.namespace, host.options)
     return MembershipWatch(
-        ControllerParticipant(host, worker_class),
-        RayCluster(host.namespace),
+        ControllerParticipant(host, worker_class, cluster),
+        cluster,
         host.clock,
         interval=host.options.membership_interval.total_seconds(),
     )

@@ -1,5 +1,5 @@
-"""Creating the host actors of one node: the one way, for `connect` (every node) and for the
-membership watch (a node that joined later).
+"""The nodes as placement sees them, and creating the host actors of one node: the one way,
+for `connect` (every node) and for the membership watch (a node that joined later).
 
 The actor classes are passed in: the watch runs inside a controller host, whose module this
 one may not import back.
@@ -7,12 +7,52 @@ one may not import back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..jobs.options import JobsOptions
+from ..placement.roles import NodeFacts, NodeRoles, assign_roles
 from .constants import controller_name, worker_name
+
+
+def facts_of(table: Iterable[Mapping[str, Any]]) -> list[NodeFacts]:
+    """Placement's facts of the nodes in Ray's node table (`ray.nodes()`)."""
+    return [
+        NodeFacts(
+            node["NodeID"],
+            bool(node.get("Alive")),
+            dict(node.get("Resources") or {}),
+            {str(k): str(v) for k, v in (node.get("Labels") or {}).items()},
+        )
+        for node in table
+    ]
+
+
+def node_facts() -> list[NodeFacts]:
+    """Every node Ray knows, with whether it is alive, its resources and its labels (a blocking
+    read of Ray's control store)."""
+    return facts_of(ray.nodes())
+
+
+def roles_of(
+    facts: Iterable[NodeFacts], options: JobsOptions, max_parallel_steps: int | None = None
+) -> list[NodeRoles]:
+    """The roles of every live node under the options' labels, each worker node with its own
+    step limit."""
+    return assign_roles(
+        facts,
+        role_label=options.role_label,
+        parallelism_label=options.parallelism_label,
+        max_parallel_steps=max_parallel_steps or options.max_parallel_steps,
+    )
+
+
+def node_roles(options: JobsOptions, max_parallel_steps: int | None = None) -> list[NodeRoles]:
+    """The roles of every live node, with each worker node's own step limit."""
+    return roles_of(node_facts(), options, max_parallel_steps)
 
 
 def pinned(node_id: str) -> dict[str, Any]:

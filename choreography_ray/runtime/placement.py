@@ -16,43 +16,20 @@ import ray
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..placement.capability import failing_everywhere, import_failures
-from ..placement.roles import NodeFacts, NodeRoles, assign_roles, refused_role, worker_share
+from ..placement.roles import NodeRoles, refused_role, worker_share
 from .adverts import read_adverts
 from .config import require_config, write_config
 from .constants import ACTOR_PREFIX
 from .directory import actor_names
 from .hosts import ControllerHost, WorkerHost
-from .node_hosts import create_node_hosts
+from .node_hosts import create_node_hosts, node_facts, node_roles
 
 log = logging.getLogger("choreography_ray.runtime")
 
 
-def node_facts() -> list[NodeFacts]:
-    """Every node Ray knows, with whether it is alive, its resources and its labels."""
-    return [
-        NodeFacts(
-            node["NodeID"],
-            bool(node.get("Alive")),
-            dict(node.get("Resources") or {}),
-            {str(k): str(v) for k, v in (node.get("Labels") or {}).items()},
-        )
-        for node in ray.nodes()
-    ]
-
-
-def node_roles(options: JobsOptions, max_parallel_steps: int | None = None) -> list[NodeRoles]:
-    """The roles of every live node, with each worker node's own step limit."""
-    return assign_roles(
-        node_facts(),
-        role_label=options.role_label,
-        parallelism_label=options.parallelism_label,
-        max_parallel_steps=max_parallel_steps or options.max_parallel_steps,
-    )
-
-
 def roles_of_node(namespace: str, node_id: str) -> NodeRoles | None:
-    """The roles of one live node under the cluster's options (None: it takes none), for
-    starting the hosts of a node that joins: `start_node_hosts(namespace, roles)`."""
+    """The roles of one live node under the cluster's options (None: it takes none), with its
+    own step limit: what the hosts of a node that joins are started with."""
     options = require_config(namespace).jobs_options()
     found = [roles for roles in node_roles(options) if roles.node_id == node_id]
     return found[0] if found else None

@@ -220,24 +220,6 @@ class MultiNodeCluster:
         self._nodes.clear()
         self._removed_at.clear()
 
-    def add_node(self, role: Role) -> str:
-        """Start one more node declaring `role`, as a machine that joins the running cluster;
-        returns its node id once Ray lists it. Nothing else is done: the controller hosts'
-        membership watch starts its host actors. A `restart()` starts the layout alone."""
-        if self._cluster is None:
-            raise RuntimeError("the cluster is not running (start() it)")
-        if role not in _RESOURCES:
-            raise ConfigurationError(
-                f"add_node: unknown role {role!r} (expected one of {', '.join(_RESOURCES)})"
-            )
-        with _ray_address_file_untouched():
-            node = self._cluster.add_node(
-                wait=True, num_cpus=self.cpus_per_node, resources=dict(_RESOURCES[role])
-            )
-            self._cluster.wait_for_nodes(timeout=self.node_timeout)
-        self._nodes[node.node_id] = (ClusterNode(node.node_id, role, False), node)
-        return str(node.node_id)
-
     def _start_nodes(self) -> None:
         with _ray_address_file_untouched():
             self._cluster = Cluster(shutdown_at_exit=True)
@@ -258,7 +240,9 @@ class MultiNodeCluster:
 
     def add_node(self, node: Role | NodeSpec) -> ClusterNode:
         """Start one more node, as a machine that joins, and wait until Ray lists it. Its
-        hosts are not started: `start_hosts()` does (or a membership watch)."""
+        hosts are not started here: the controller hosts' membership watch starts them within
+        `membership_interval` (or `start_hosts()` does at once). A `restart()` starts the
+        layout alone."""
         if self._cluster is None:
             raise RuntimeError("the cluster is not running (start() it)")
         spec = _spec(node)

@@ -61,7 +61,7 @@ def _controller_stats(cluster: Any) -> dict[str, Any]:
 
 
 def test_a_joined_worker_node_gets_a_worker_host_without_up(cluster, seen, tmp_path) -> None:
-    node_id = cluster.add_node("worker")
+    node_id = cluster.add_node("worker").node_id
     name = worker_name(node_id)
 
     _eventually(lambda: name in cluster.host_names(), f"{name} created")
