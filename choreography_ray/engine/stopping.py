@@ -1,6 +1,15 @@
-"""Stop and remove: persisted first, then every step that may run is told or counted."""
+"""Stop and remove: persisted first, then every step that may run is told or counted.
+
+A step that may still run keeps the stop open until its worker has been told: a failed
+notification is retried (1 s, doubling to 60 s) for as long as the job stays stopped or being
+removed, and `on_stopped` runs only once every step has reported. A step its worker no longer
+runs is counted with the outcome step storage holds for it, so a success that raced the stop
+counts as the success it is.
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 from ..jobs.errors import RemoveJobError, RemoveJobFailed, StopJobError, StopJobFailed
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
@@ -10,6 +19,19 @@ from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .recount import Recount
+from .run import payload_tuple
+
+NOTIFY_RETRY_DELAY = 1.0
+"""Seconds before a failed stop notification is sent again; doubled after every failure."""
+NOTIFY_RETRY_CAP = 60.0
+
+_STOPPING = (JobStatus.STOPPED, JobStatus.REMOVING)
+_SETTLED = (
+    JobStepStatus.COMPLETED_SUCCESSFULLY,
+    JobStepStatus.COMPLETED_WITH_FAILURE,
+    JobStepStatus.FAILED,
+    JobStepStatus.UNREACHABLE,
+)
 
 
 class Stopping:
@@ -22,6 +44,10 @@ class Stopping:
         self.ledger = core.ledger
         self.outcomes = outcomes
         self.recount = recount
+        self._untold: set[str] = set()
+        """Steps that may run and whose worker has not yet answered a stop notification."""
+        self._notify_delay = NOTIFY_RETRY_DELAY
+        self._notify_timer: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         record = self.record
@@ -105,57 +131,86 @@ class Stopping:
 
     async def _stop_steps(self, *, removing: bool) -> None:
         """Tell workers to stop; count at once every step that is not running anywhere."""
-        candidates = await self._candidates()
-        core = self.core
-        state = self.record.state
+        self._untold |= await self._candidates()
+        self._notify_delay = NOTIFY_RETRY_DELAY
+        await self._notify(removing=removing)
+        await self.finish_if_settled()
+        await self.record.save_progress()
+
+    async def _notify(self, *, removing: bool) -> None:
+        """Tell the workers to stop the steps not told yet. Until a worker answers, a step
+        stays tracked, so the stop is not finalized while its work may still run; a failure
+        schedules another try."""
         ledger = self.ledger
-        stopping: set[str] = set()
-        placed: dict[str, list[str]] = {}
-        if candidates:
-            try:
-                answer = await core.ctx.dispatcher.stop_steps(
-                    StopRequest(
-                        job_key=core.ctx.key,
-                        job_id=core.id,
-                        generation=state.execution_generation,
-                        step_ids=tuple(sorted(candidates)),
-                        removing=removing,
-                    )
-                )
-                stopping = set(answer.stopping)
-                placed = answer.hosts
-            except Exception:
-                core.log.exception("job %s: telling workers to stop failed", core.id)
-        for step_id in stopping:
+        state = self.record.state
+        untold = {step_id for step_id in self._untold if step_id not in ledger.counted}
+        if not untold:
+            self._untold = set()
+            return
+        for step_id in untold:  # kept until told: nothing finalizes the stop meanwhile
             if step_id not in ledger.tracked:
                 ledger.tracked[step_id] = Tracked(
                     ledger.stage_of.get(step_id, 0), 1, state.execution_generation
                 )
-        ledger.place(placed, state.execution_generation)
-        await self._count_stopped(sorted(candidates - stopping), removing=removing)
-        await self.finish_if_settled()
-        await self.record.save_progress()
+        core = self.core
+        try:
+            answer = await core.ctx.dispatcher.stop_steps(
+                StopRequest(
+                    job_key=core.ctx.key,
+                    job_id=core.id,
+                    generation=state.execution_generation,
+                    step_ids=tuple(sorted(untold)),
+                    removing=removing,
+                )
+            )
+            idle = sorted(untold - set(answer.stopping))
+            stored = await self._stored(idle)
+        except Exception as error:
+            core.log.warning(
+                "job %s: telling workers to stop %d step(s) failed (%s); retrying in %.0f s",
+                core.id,
+                len(untold),
+                error,
+                self._notify_delay,
+            )
+            self._untold = untold
+            self._retry_notify_later()
+            return
+        self._untold = set()
+        ledger.place(answer.hosts, state.execution_generation)
+        await self._count_idle(idle, stored, removing=removing)
 
     async def lost(self, step_ids: list[str]) -> None:
-        """Steps whose worker host is gone while the job stops: nothing runs them any more,
-        so they count as stopped, and the stop finishes once the others have reported."""
-        await self._count_stopped(
-            sorted(step_ids), removing=self.record.state.status == JobStatus.REMOVING
+        """Steps whose worker host is gone while the job stops: nothing runs them any more, so
+        each counts with what step storage holds (a stop unless it settled), and the stop
+        finishes once the others have reported."""
+        idle = sorted(step_ids)
+        await self._count_idle(
+            idle,
+            await self._stored(idle),
+            removing=self.record.state.status == JobStatus.REMOVING,
         )
         await self.finish_if_settled()
 
-    async def _count_stopped(self, step_ids: list[str], *, removing: bool) -> None:
-        """Count steps that run nowhere as stopped, once per execution."""
-        state = self.record.state
+    async def _count_idle(
+        self, idle: list[str], stored: dict[str, StepReport], *, removing: bool
+    ) -> None:
+        """Count steps that run nowhere: their stored outcome, else a stop (once per
+        execution)."""
         ledger = self.ledger
+        state = self.record.state
         status = JobStepStatus.REMOVING if removing else JobStepStatus.STOPPED
-        for step_id in step_ids:
+        for step_id in idle:
             ledger.tracked.pop(step_id, None)
-            if step_id in ledger.counted or step_id in state.stopped_steps_counted:
+            if step_id in ledger.counted:
                 continue
-            state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
-            await self.outcomes.count(
-                StepReport(
+            report = stored.get(step_id)
+            if report is None:
+                if step_id in state.stopped_steps_counted:
+                    ledger.counted.add(step_id)
+                    continue
+                state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
+                report = StepReport(
                     step_id=step_id,
                     status=status,
                     generation=state.execution_generation,
@@ -163,7 +218,62 @@ class Stopping:
                     stage=ledger.stage_of.get(step_id, 0),
                     name=ledger.names.get(step_id, ""),
                 )
+            await self.outcomes.count(report)
+
+    async def _stored(self, step_ids: list[str]) -> dict[str, StepReport]:
+        """The settled outcomes step storage holds for steps no worker runs: what the job
+        counts for them, so its counts equal step storage once the stop settles."""
+        if not step_ids:
+            return {}
+        core = self.core
+        states = await core.ctx.storage.steps.get_many(core.id, step_ids)
+        return {
+            step.id: StepReport(
+                step_id=step.id,
+                status=step.status,
+                generation=step.generation,
+                attempt=step.attempt,
+                stage=step.stage,
+                name=step.name,
+                result=payload_tuple(
+                    step.result or (step.error.partial_result if step.error else None)
+                ),
+                error=step.error,
             )
+            for step in states
+            if step.status in _SETTLED
+        }
+
+    def _retry_notify_later(self) -> None:
+        if self._notify_timer is not None and not self._notify_timer.done():
+            return
+        delay = self._notify_delay
+        self._notify_delay = min(NOTIFY_RETRY_CAP, delay * 2)
+        generation = self.record.state.execution_generation
+        self._notify_timer = self.core.spawn(self._notify_later(delay, generation))
+
+    async def _notify_later(self, delay: float, generation: int) -> None:
+        """Retry the notification in the job's turn while the job stays stopped or being
+        removed in the same execution; a resume or the end of the job ends the retries."""
+        core = self.core
+        await core.ctx.clock.sleep(delay)
+        async with core.turn:
+            self._notify_timer = None
+            record = self.record
+            state = record.state
+            if (
+                record.released
+                or state.status not in _STOPPING
+                or state.execution_generation != generation
+            ):
+                self._untold = set()
+                return
+            try:
+                await self._notify(removing=state.status == JobStatus.REMOVING)
+                await self.finish_if_settled()
+                await record.save_progress()
+            except Exception:
+                core.log.exception("job %s: finishing the stop failed", core.id)
 
     async def finish_if_settled(self) -> None:
         """Once no step runs any more: `on_stopped`, and a removal clears the job."""

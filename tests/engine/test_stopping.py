@@ -1,0 +1,154 @@
+"""Stopping and draining (seed: what stopping and draining guarantee; recovery: stops and
+removals). One test per behaviour the seed states, named after it; in-process, fake clock."""
+
+from __future__ import annotations
+
+from choreography_ray.engine.messages import StopRequest, StopResult
+from choreography_ray.jobs import JobStatus, JobStepStatus
+from choreography_ray.jobs.errors import StorageUnavailableError
+from choreography_ray.jobs.state import JobKey
+
+from .fixtures import ScenarioJob, request
+
+# -- if the job's notification to a step fails, the job retries it ------------------------------
+
+
+class FailingStops:
+    """Stop notifications that fail `times` times, then reach the worker; when each was sent."""
+
+    def __init__(self, cluster, times: int) -> None:
+        self.cluster = cluster
+        self.worker_stop = cluster.stop_steps
+        self.times = times
+        self.sent: list[float] = []
+
+    async def __call__(self, request: StopRequest) -> StopResult:
+        clock = self.cluster.clock
+        self.sent.append((clock.now() - START).total_seconds())
+        if len(self.sent) <= self.times:
+            raise StorageUnavailableError("the worker cannot be reached")
+        return await self.worker_stop(request)
+
+
+START = None
+
+
+def test_a_failed_stop_notification_is_retried_and_the_stop_waits_for_the_work(
+    run, cluster, script, monkeypatch
+):
+    """The seed: retried after 1 s, doubling to 60 s, while the job stays stopped; `on_stopped`
+    only once every step has reported. Never finalized while the work still runs."""
+    global START
+    script.behaviour["a"].block = True
+    stops = FailingStops(cluster, times=3)
+    monkeypatch.setattr(cluster, "stop_steps", stops)
+
+    async def scenario():
+        global START
+        START = cluster.clock.now()
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        before = await cluster.manager().get(result.job_id)
+        hooks_before = list(script.hooks)
+        await cluster.advance(1)  # second try fails
+        await cluster.advance(1.5)  # not yet: the third try waits 2 s
+        tries_midway = len(stops.sent)
+        await cluster.advance(0.5)  # third try fails
+        await cluster.advance(4)  # fourth reaches the worker
+        return before, hooks_before, tries_midway, await cluster.wait(result.job_id)
+
+    before, hooks_before, tries_midway, state = run(scenario())
+    assert before.status == JobStatus.STOPPED and not before.stop_finalized
+    assert before.progress.stopped_steps == 0
+    assert "on_stopped" not in hooks_before
+    assert tries_midway == 2
+    assert stops.sent == [0.0, 1.0, 3.0, 7.0]
+    assert state.stop_finalized and state.progress.stopped_steps == 1
+    assert script.hooks.count("on_stopped") == 1
+    [step] = run(cluster.storage().steps.get_for_job(state.id))
+    assert step.status == JobStepStatus.STOPPED
+
+
+def test_stop_notification_retries_double_up_to_sixty_seconds(run, cluster, script, monkeypatch):
+    global START
+    script.behaviour["a"].block = True
+    stops = FailingStops(cluster, times=10)
+    monkeypatch.setattr(cluster, "stop_steps", stops)
+
+    async def scenario():
+        global START
+        START = cluster.clock.now()
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        for _ in range(10):
+            await cluster.advance(60)
+        return await cluster.wait(result.job_id)
+
+    state = run(scenario())
+    gaps = [b - a for a, b in zip(stops.sent, stops.sent[1:], strict=False)]
+    assert gaps[:8] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert state.stop_finalized
+
+
+def test_stop_notification_retries_end_when_the_job_resumes(run, cluster, script, monkeypatch):
+    """Retried only while the job stays stopped: a resume ends them."""
+    global START
+    script.behaviour["a"].block = True
+    stops = FailingStops(cluster, times=1)
+    monkeypatch.setattr(cluster, "stop_steps", stops)
+
+    async def scenario():
+        global START
+        START = cluster.clock.now()
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        await cluster.manager().resume(result.job_id)
+        await cluster.settle()
+        sent = len(stops.sent)
+        await cluster.advance(120)
+        return sent, await cluster.manager().get(result.job_id)
+
+    sent, state = run(scenario())
+    assert len(stops.sent) == sent
+    assert state.status == JobStatus.RUNNING
+
+
+# -- the outcome is the one the work produced ----------------------------------------------------
+
+
+def test_a_step_that_finished_as_the_stop_arrived_counts_as_the_success_storage_holds(
+    run, cluster, script, monkeypatch
+):
+    """The job's counts equal step storage once the stop settles, even when a success's report
+    is still on its way when the worker says the step no longer runs."""
+    keys = [f"k{n}" for n in range(6)]
+    for key in keys[3:]:
+        script.behaviour[key].block = True
+
+    held = []
+
+    async def on_the_way(job_key, job_id, reports):
+        held.extend(reports)
+
+    async def scenario():
+        deliver = cluster.report
+        monkeypatch.setattr(cluster, "report", on_the_way)
+        result = await cluster.start(ScenarioJob, request(*keys))
+        await cluster.settle()  # k0..k2 succeeded and are stored; their reports are on the way
+        monkeypatch.setattr(cluster, "report", deliver)
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        await deliver(JobKey(), result.job_id, held)  # they arrive after the stop
+        return await cluster.wait(result.job_id)
+
+    state = run(scenario())
+    steps = run(cluster.storage().steps.get_for_job(state.id))
+    stored = sorted(s.status for s in steps)
+    assert stored == [JobStepStatus.COMPLETED_SUCCESSFULLY] * 3 + [JobStepStatus.STOPPED] * 3
+    assert (state.progress.successful_steps, state.progress.stopped_steps) == (3, 3)
+    assert state.stop_finalized
