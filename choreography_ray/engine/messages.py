@@ -78,6 +78,18 @@ class StopResult:
     mid-stop is known to have taken its steps with it."""
 
 
+@dataclass(slots=True)
+class SettledStops:
+    """What a stop that waits for the work answers (`StepWorker.stop_and_wait`)."""
+
+    settled: list[StepReport] = field(default_factory=list)
+    """Outcomes persisted before the deadline: each the step's own answer."""
+    timed_out: list[str] = field(default_factory=list)
+    """Steps that did not answer with a persisted outcome by the deadline
+    (`JobStepError.STOP_TIMED_OUT`): their callbacks are refused from then on, and each reports
+    its outcome once it settles."""
+
+
 # -- across processes ---------------------------------------------------------------------------
 # Ray pickles a named tuple about ten times slower than a plain one (2.8 µs against 0.2 µs per
 # message, measured on 1,000), and an enum member by name. Hosts send plain tuples and plain

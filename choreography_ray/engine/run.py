@@ -143,6 +143,8 @@ class StepRun(StepContext):
         self._done: asyncio.Future[None] | None = None
         self._ended = False
         self._report: StepReport | None = None
+        self.persisted: StepReport | None = None
+        """The outcome, once written: what a stop that waits for the run answers."""
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -312,6 +314,7 @@ class StepRun(StepContext):
                 self.worker.metrics.step_finished(
                     report.status, time.perf_counter() - self._started
                 )
+            self.persisted = report
             self.worker.enqueue_report(self.key, report)
         self.end()
 

@@ -24,6 +24,7 @@ from ..jobs.status import JobStepStatus
 from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import (
+    SettledStops,
     StartOutcome,
     StartResult,
     StepReport,
@@ -387,6 +388,42 @@ class StepWorker:
         if wanted is not None:
             result.not_running = sorted(wanted - set(result.stopping))
         return result
+
+    async def stop_and_wait(
+        self, request: StopRequest, within: float | None = None
+    ) -> SettledStops:
+        """Stop the runs `request` names and wait, up to one deadline (`step_stop_timeout`),
+        for each to settle and persist its outcome. A run that settles answers its outcome and
+        reports it to the job as usual, once; one that does not is answered as timed out, its
+        callbacks are refused with Closed from then on, and it reports once it settles. A stop
+        already in progress is joined: the run is the same, and so is its one outcome."""
+        self._loop = asyncio.get_running_loop()
+        timeout = within if within is not None else self.options.step_stop_timeout.total_seconds()
+        runs = [
+            run
+            for key, run in self._runs.items()
+            if key.job_key == request.job_key
+            and key.job_id == request.job_id
+            and (request.step_ids is None or key.step_id in request.step_ids)
+            and run.generation <= request.generation
+        ]
+        await self.stop_steps(request)
+        waiting = [run.done for run in runs]
+        if waiting:
+            everything = asyncio.gather(*(asyncio.shield(done) for done in waiting))
+            deadline = asyncio.ensure_future(self.clock.sleep(timeout))
+            try:
+                await asyncio.wait((everything, deadline), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                deadline.cancel()
+        answer = SettledStops()
+        for run in runs:
+            if run.persisted is not None:
+                answer.settled.append(run.persisted)
+            else:  # not quiescent, or its outcome was not written: no answer of its own
+                run.closed = True  # its callbacks are refused from now on
+                answer.timed_out.append(run.step_id)
+        return answer
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -3,12 +3,186 @@ removals). One test per behaviour the seed states, named after it; in-process, f
 
 from __future__ import annotations
 
-from choreography_ray.engine.messages import StopRequest, StopResult
-from choreography_ray.jobs import JobStatus, JobStepStatus
-from choreography_ray.jobs.errors import StorageUnavailableError
-from choreography_ray.jobs.state import JobKey
+import asyncio
+from typing import Any
 
-from .fixtures import ScenarioJob, request
+import pytest
+
+from choreography_ray.engine.messages import StopRequest, StopResult
+from choreography_ray.engine.run import CallbackRejected
+from choreography_ray.jobs import JobStatus, JobStepStatus
+from choreography_ray.jobs.errors import ActivationCallbackRejected, StorageUnavailableError
+from choreography_ray.jobs.state import JobKey
+from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
+
+from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
+
+
+class Slow:
+    """What `SlowToStopStep` runs do: asked to stop, each goes on until `finish` is set, then
+    checkpoints (to see whether the callback is refused) and stops, or succeeds when
+    `succeed` says so (work that finished as the stop came in)."""
+
+    def __init__(self) -> None:
+        self.finish = asyncio.Event()
+        self.succeed = False
+        self.refused: list[Any] = []
+
+
+SLOW = Slow()
+
+
+@pytest.fixture
+def slow():
+    global SLOW
+    SLOW = Slow()
+    yield SLOW
+    SLOW.finish.set()
+
+
+class SlowToStopStep(JobStep[KeyRequest, KeyState, KeyResult], name="tests.stopping.slow"):
+    async def perform(self, state: KeyState, ctx: StepContext) -> KeyResult:
+        slow = SLOW
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            while not slow.finish.is_set():
+                try:
+                    await slow.finish.wait()
+                except asyncio.CancelledError:
+                    continue
+        try:
+            state.progress += 1
+            ctx.checkpoint(state)
+        except CallbackRejected as refused:
+            slow.refused.append(refused.code)
+        if slow.succeed:
+            return KeyResult(key=state.key, value=7)
+        raise StepCancelled()
+
+    def initialize_state(self, request: KeyRequest) -> KeyState:
+        return KeyState(key=request.key)
+
+
+class SlowJob(ScenarioJob, name="tests.stopping.slow-job"):
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [self.create_step(SlowToStopStep, KeyRequest(key=k), name=k) for k in request.keys]
+
+
+def hold_reports(cluster, monkeypatch) -> list:
+    """Reports the worker sends, kept from the job: the worker's answers alone are tested."""
+    sent: list = []
+
+    async def report(job_key, job_id, reports):
+        sent.extend(reports)
+
+    monkeypatch.setattr(cluster, "report", report)
+    return sent
+
+
+async def running_step(cluster, *keys: str) -> tuple[str, list[str]]:
+    result = await cluster.start(SlowJob, request(*keys))
+    await cluster.settle()
+    steps = await cluster.storage().steps.get_for_job(result.job_id)
+    return result.job_id, sorted(s.id for s in steps)
+
+
+def stop_request(job_id: str, step_ids, *, removing: bool = False) -> StopRequest:
+    return StopRequest(JobKey(), job_id, generation=1, step_ids=tuple(step_ids), removing=removing)
+
+
+# -- stopping waits for the work -----------------------------------------------------------------
+
+
+def test_a_step_stop_that_settles_in_time_answers_its_persisted_outcome_and_reports_it_once(
+    run, cluster, script, slow, monkeypatch
+):
+    sent = hold_reports(cluster, monkeypatch)
+    slow.finish.set()
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        answer = await cluster.worker.stop_and_wait(stop_request(job_id, ids))
+        await cluster.settle()
+        return answer, await cluster.storage().steps.get_for_job(job_id)
+
+    answer, [step] = run(scenario())
+    assert [r.status for r in answer.settled] == [JobStepStatus.STOPPED]
+    assert answer.timed_out == []
+    assert step.status == JobStepStatus.STOPPED
+    assert [r.status for r in sent] == [JobStepStatus.STOPPED]
+
+
+def test_a_timed_out_stop_records_nothing_refuses_callbacks_and_reports_once_the_work_settles(
+    run, cluster, script, slow, monkeypatch
+):
+    """The seed: after `step_stop_timeout` Stop answers StopTimedOut having recorded nothing;
+    the work's callbacks are refused with Closed; once it settles the step reports itself
+    stopped and records it, exactly once."""
+    sent = hold_reports(cluster, monkeypatch)
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        stopping = asyncio.ensure_future(cluster.worker.stop_and_wait(stop_request(job_id, ids)))
+        await cluster.advance(9.9)
+        early = stopping.done()
+        await cluster.advance(0.1)  # the default deadline: 10 s
+        answer = await stopping
+        [before] = await cluster.storage().steps.get_for_job(job_id)
+        reports_before = list(sent)
+        slow.finish.set()
+        await cluster.settle()
+        [after] = await cluster.storage().steps.get_for_job(job_id)
+        return early, answer, ids, before, reports_before, after
+
+    early, answer, ids, before, reports_before, after = run(scenario())
+    assert not early
+    assert answer.timed_out == ids and answer.settled == []
+    assert before.status == JobStepStatus.RUNNING and reports_before == []
+    assert slow.refused == [ActivationCallbackRejected.CLOSED]
+    assert after.status == JobStepStatus.STOPPED
+    assert [r.status for r in sent] == [JobStepStatus.STOPPED]
+
+
+def test_a_second_stop_or_a_removal_joins_the_stop_in_progress(
+    run, cluster, script, slow, monkeypatch
+):
+    sent = hold_reports(cluster, monkeypatch)
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        first = asyncio.ensure_future(cluster.worker.stop_and_wait(stop_request(job_id, ids)))
+        await cluster.settle()
+        second = asyncio.ensure_future(cluster.worker.stop_and_wait(stop_request(job_id, ids)))
+        await cluster.settle()
+        await cluster.worker.stop_steps(stop_request(job_id, ids, removing=True))
+        slow.finish.set()
+        await cluster.settle()
+        return await first, await second
+
+    first, second = run(scenario())
+    assert first.settled == second.settled and len(first.settled) == 1
+    assert len(sent) == 1  # the job hears about the step once
+    assert sent[0].status == JobStepStatus.REMOVING
+
+
+def test_the_outcome_is_the_one_the_work_produced(run, cluster, script, slow, monkeypatch):
+    """Work that finished successfully as the stop came in reports success, not a stop."""
+    sent = hold_reports(cluster, monkeypatch)
+    slow.succeed = True
+    slow.finish.set()
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        answer = await cluster.worker.stop_and_wait(stop_request(job_id, ids))
+        await cluster.settle()
+        return answer, await cluster.storage().steps.get_for_job(job_id)
+
+    answer, [step] = run(scenario())
+    assert [r.status for r in answer.settled] == [JobStepStatus.COMPLETED_SUCCESSFULLY]
+    assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY
+    assert [r.status for r in sent] == [JobStepStatus.COMPLETED_SUCCESSFULLY]
+
 
 # -- if the job's notification to a step fails, the job retries it ------------------------------
 
