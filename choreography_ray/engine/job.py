@@ -24,12 +24,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..jobs.errors import ResumeJobSuccess
+from ..jobs.errors import DrainOutcome, ResumeJobSuccess
 from ..jobs.job import Job
 from ..jobs.state import JobState
 from ..jobs.status import JobStatus
 from .activation import ActivationCore, JobStartResult
 from .context import EngineContext
+from .draining import Draining
 from .messages import StepReport
 from .outcomes import Outcomes
 from .record import Counters, Released
@@ -62,6 +63,7 @@ class JobActivation:
         recount = Recount(core)
         self._starting = Starting(core, self._stages, self._outcomes)
         self._stopping = Stopping(core, self._outcomes, recount)
+        self._draining = Draining(core, self._outcomes, self._stopping)
         self._resuming = Resuming(core, self._starting, self._stages, self._outcomes, recount)
         self._inbox: list[StepReport] = []
         self._drain_task: asyncio.Task[None] | None = None
@@ -157,10 +159,19 @@ class JobActivation:
         async with self._core.turn:
             await self._stopping.remove()
 
-    async def finish_stop(self) -> None:
-        """Finish a stop or removal that an earlier activation could not (after a crash)."""
+    async def drain(self, within: float | None = None) -> DrainOutcome:
+        """Stop the job and wait, up to `within` seconds, for every step to answer."""
         async with self._core.turn:
-            await self._stopping.finish_stop()
+            return await self._draining.drain(within)
+
+    async def finish_stop(self) -> None:
+        """Finish a stop, removal or drain that an earlier activation could not (after a
+        crash): a pending drain is completed, waiting for its steps as a drain does."""
+        async with self._core.turn:
+            if self._record.state.pending_drain:
+                await self._draining.drain()
+            else:
+                await self._stopping.finish_stop()
 
     async def resume(self, *, recovering: bool = False) -> ResumeJobSuccess:
         """Resume the job (`recovering` marks a resume by recovery rather than by a caller)."""

@@ -20,10 +20,13 @@ from pydantic import BaseModel
 
 from ..jobs.errors import (
     ChoreographyError,
+    DrainJobResult,
+    DrainOutcome,
     JobNotFoundError,
     OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
+    UnknownTypeError,
     VersionConflictError,
 )
 from ..jobs.job import Job
@@ -284,6 +287,16 @@ class JobsManager:
     async def stop(self, job_id: str) -> None:
         activation = await self.activate(job_id)
         await activation.stop()
+
+    async def drain(self, job_id: str, within: float | None = None) -> DrainOutcome:
+        """Stop the job and wait, up to `within` seconds, for every step to answer."""
+        try:
+            activation = await self.activate(job_id)
+        except JobNotFoundError:
+            return DrainOutcome(DrainJobResult.NOT_FOUND)
+        except UnknownTypeError:
+            return DrainOutcome(DrainJobResult.UNKNOWN_JOB_TYPE)
+        return await activation.drain(within)
 
     async def resume(self, job_id: str) -> ResumeJobSuccess:
         activation = await self.activate(job_id)

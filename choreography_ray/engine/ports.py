@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..jobs.state import JobKey
-from .messages import StartResult, StepReport, StepStart, StopRequest, StopResult
+from .messages import SettledStops, StartResult, StepReport, StepStart, StopRequest, StopResult
 
 
 @dataclass(slots=True)
@@ -50,6 +50,12 @@ class StepDispatcher(Protocol):
     async def check_placement(self, job_key: JobKey, job_type: str) -> None:
         """Raise `NoEligibleJobWorker` (with the reason) when no worker qualifies for the
         steps of `job_type` now: asked before a job's steps are prepared."""
+        ...
+
+    async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
+        """Stop the steps and wait up to `within` seconds for each to persist its outcome and
+        answer (a drain). A step no worker runs is in neither list of the answer; a step a
+        worker may run but that did not answer (its worker unreachable) is timed out."""
         ...
 
 

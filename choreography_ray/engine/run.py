@@ -90,6 +90,8 @@ class RunHost(Protocol):
     host: str
     sync_runner: SyncStepRunner
     metrics: StepMetrics
+    closed: bool
+    """The host shuts down: a run that settles afterwards writes and reports nothing."""
 
     def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn` on the worker's loop, from its thread or a step's thread."""
@@ -388,7 +390,7 @@ class StepRun(StepContext):
             result=registry.dump(wrapped) if wrapped is not None else None,
         )
 
-    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None]:
+    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
         partial = None
         if self._user_state is not None:
             try:
@@ -414,11 +416,14 @@ class StepRun(StepContext):
 
     def _settle(
         self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None
-    ) -> asyncio.Future[None]:
+    ) -> asyncio.Future[None] | None:
         """Write the outcome; `_written` reports it once durable, so nothing is counted
-        unsaved."""
+        unsaved. Not once the host shuts down: the step stays Scheduled or Running for
+        recovery."""
         self.closed = True
         self.release_slot()
+        if self.worker.closed:
+            return None
         if self._user_state is not None:
             self._set(state=self.worker.registry.dump(self._user_state))
         self._set(result=result, error=error, lease=None)

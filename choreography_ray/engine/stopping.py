@@ -106,7 +106,7 @@ class Stopping:
             return
         await self._stop_steps(removing=state.status == JobStatus.REMOVING)
 
-    async def _candidates(self) -> set[str]:
+    async def candidates(self) -> set[str]:
         """Steps that may still run and must be stopped, or counted as stopped."""
         ledger = self.ledger
         candidates = ledger.take_in_flight()
@@ -131,7 +131,7 @@ class Stopping:
 
     async def _stop_steps(self, *, removing: bool) -> None:
         """Tell workers to stop; count at once every step that is not running anywhere."""
-        self._untold |= await self._candidates()
+        self._untold |= await self.candidates()
         self._notify_delay = NOTIFY_RETRY_DELAY
         await self._notify(removing=removing)
         await self.finish_if_settled()
@@ -164,7 +164,7 @@ class Stopping:
                 )
             )
             idle = sorted(untold - set(answer.stopping))
-            stored = await self._stored(idle)
+            stored = await self.stored_outcomes(idle)
         except Exception as error:
             core.log.warning(
                 "job %s: telling workers to stop %d step(s) failed (%s); retrying in %.0f s",
@@ -187,7 +187,7 @@ class Stopping:
         idle = sorted(step_ids)
         await self._count_idle(
             idle,
-            await self._stored(idle),
+            await self.stored_outcomes(idle),
             removing=self.record.state.status == JobStatus.REMOVING,
         )
         await self.finish_if_settled()
@@ -198,7 +198,6 @@ class Stopping:
         """Count steps that run nowhere: their stored outcome, else a stop (once per
         execution)."""
         ledger = self.ledger
-        state = self.record.state
         status = JobStepStatus.REMOVING if removing else JobStepStatus.STOPPED
         for step_id in idle:
             ledger.tracked.pop(step_id, None)
@@ -206,21 +205,33 @@ class Stopping:
                 continue
             report = stored.get(step_id)
             if report is None:
-                if step_id in state.stopped_steps_counted:
-                    ledger.counted.add(step_id)
-                    continue
-                state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
-                report = StepReport(
-                    step_id=step_id,
-                    status=status,
-                    generation=state.execution_generation,
-                    attempt=1,
-                    stage=ledger.stage_of.get(step_id, 0),
-                    name=ledger.names.get(step_id, ""),
-                )
-            await self.outcomes.count(report)
+                await self.count_stop(step_id, status)
+            else:
+                await self.outcomes.count(report)
 
-    async def _stored(self, step_ids: list[str]) -> dict[str, StepReport]:
+    async def count_stop(self, step_id: str, status: JobStepStatus) -> None:
+        """Count a step's stop once per execution (`stopped_steps_counted`)."""
+        ledger = self.ledger
+        state = self.record.state
+        ledger.tracked.pop(step_id, None)
+        if step_id in ledger.counted:
+            return
+        if step_id in state.stopped_steps_counted:
+            ledger.counted.add(step_id)
+            return
+        state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
+        await self.outcomes.count(
+            StepReport(
+                step_id=step_id,
+                status=status,
+                generation=state.execution_generation,
+                attempt=1,
+                stage=ledger.stage_of.get(step_id, 0),
+                name=ledger.names.get(step_id, ""),
+            )
+        )
+
+    async def stored_outcomes(self, step_ids: list[str]) -> dict[str, StepReport]:
         """The settled outcomes step storage holds for steps no worker runs: what the job
         counts for them, so its counts equal step storage once the stop settles."""
         if not step_ids:
@@ -243,6 +254,16 @@ class Stopping:
             for step in states
             if step.status in _SETTLED
         }
+
+    def tell_later(self, step_ids: set[str]) -> None:
+        """Steps another operation could not tell to stop: keep them tracked and retry."""
+        ledger = self.ledger
+        generation = self.record.state.execution_generation
+        for step_id in step_ids:
+            if step_id not in ledger.tracked and step_id not in ledger.counted:
+                ledger.tracked[step_id] = Tracked(ledger.stage_of.get(step_id, 0), 1, generation)
+        self._untold |= step_ids
+        self._retry_notify_later()
 
     def _retry_notify_later(self) -> None:
         if self._notify_timer is not None and not self._notify_timer.done():
@@ -298,3 +319,4 @@ class Stopping:
             self.outcomes.finish()
             return
         state.stop_finalized = True
+        state.pending_drain = False  # every step has reported: a pending drain is complete

@@ -8,6 +8,7 @@ stand for a refused operation carry the code in `code`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = [
     "ClusterAuthenticationError",
     "ConfigurationError",
     "DrainJobResult",
+    "DrainOutcome",
     "HostError",
     "InvalidJobIdError",
     "InvalidOptionError",
@@ -152,6 +154,20 @@ class DrainJobResult(IntEnum):
     COMPLETED = 2
     NOT_FOUND = 3
     UNKNOWN_JOB_TYPE = 4
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What a drain answers: its result, the steps that answered with their persisted outcome,
+    and the steps that did not answer in time (each still reports once its work settles)."""
+
+    result: DrainJobResult
+    drained: tuple[str, ...] = ()
+    not_drained: tuple[str, ...] = ()
+
+    @property
+    def is_drained(self) -> bool:
+        return self.result == DrainJobResult.DRAINED
 
 
 # --------------------------------------------------------------------------------------------

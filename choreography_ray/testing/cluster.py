@@ -23,7 +23,7 @@ from ..engine.clock import Clock, FakeClock, settle
 from ..engine.context import EngineContext
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
-from ..engine.messages import StepReport, StepStart, StopRequest, StopResult
+from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, StopResult
 from ..engine.ports import Dispatched
 from ..engine.run import SyncStepRunner
 from ..engine.worker import StepWorker
@@ -213,6 +213,16 @@ class InProcessCluster:
     async def check_placement(self, job_key: JobKey, job_type: str) -> None:
         if self.placement_fault is not None:
             raise self.placement_fault
+
+    async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
+        answers = await asyncio.gather(
+            *(worker.stop_and_wait(request, within) for worker in list(self.workers.values()))
+        )
+        merged = SettledStops()
+        for answer in answers:
+            merged.settled.extend(answer.settled)
+            merged.timed_out.extend(answer.timed_out)
+        return merged
 
     # JobReporter
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:

@@ -10,12 +10,22 @@ import pytest
 
 from choreography_ray.engine.messages import StopRequest, StopResult
 from choreography_ray.engine.run import CallbackRejected
-from choreography_ray.jobs import JobStatus, JobStepStatus
+from choreography_ray.jobs import (
+    CannotResumeJobError,
+    DrainJobResult,
+    JobStatus,
+    JobStepStatus,
+    ResumeJobFailed,
+    StopJobError,
+    StopJobFailed,
+)
 from choreography_ray.jobs.errors import ActivationCallbackRejected, StorageUnavailableError
 from choreography_ray.jobs.state import JobKey
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
+from choreography_ray.testing import InProcessCluster
+from choreography_ray.testing.faults import WriteFaults
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
+from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, WindowJob, request
 
 
 class Slow:
@@ -326,3 +336,150 @@ def test_a_step_that_finished_as_the_stop_arrived_counts_as_the_success_storage_
     assert stored == [JobStepStatus.COMPLETED_SUCCESSFULLY] * 3 + [JobStepStatus.STOPPED] * 3
     assert (state.progress.successful_steps, state.progress.stopped_steps) == (3, 3)
     assert state.stop_finalized
+
+
+# -- a stop and a drain differ -------------------------------------------------------------------
+
+
+def test_a_drain_returns_drained_once_every_step_answered_with_its_persisted_outcome(
+    run, cluster, script
+):
+    """Drained: no step's work runs, every outcome is in step storage (a step that never got
+    to run is written Stopped), the stop hooks ran, the job's state is persisted."""
+    for key in ("a", "b", "c"):
+        script.behaviour[key].block = True
+
+    async def scenario():
+        result = await cluster.start(WindowJob, request("a", "b", "c", "d", stages={"d": 1}))
+        await cluster.settle()  # a and b run; c waits for room in the window; d's stage waits
+        outcome = await cluster.manager().drain(result.job_id, within=5)
+        stored = await cluster.storage().jobs.get(result.job_id)
+        steps = await cluster.storage().steps.get_for_job(result.job_id)
+        return outcome, stored, {s.name: s.status for s in steps}
+
+    outcome, stored, steps = run(scenario())
+    assert outcome.result == DrainJobResult.DRAINED
+    assert len(outcome.drained) == 3 and outcome.not_drained == ()
+    assert steps == {
+        "a": JobStepStatus.STOPPED,
+        "b": JobStepStatus.STOPPED,
+        "c": JobStepStatus.STOPPED,
+        "d": JobStepStatus.UNKNOWN,  # its stage never started: nothing to stop
+    }
+    assert stored.status == JobStatus.STOPPED
+    assert stored.stop_finalized and not stored.pending_drain
+    assert stored.progress.stopped_steps == 3
+    assert script.hooks.count("on_stopped") == 1
+    assert script.hooks.count("on_step_completed_or_stopped") == 3
+
+
+def test_a_drain_counts_a_step_as_drained_only_by_its_own_answer(
+    run, cluster, script, slow, monkeypatch
+):
+    """TimedOut with the steps that did not answer; the pending drain stays persisted and
+    Resume() refuses with JobCannotBeResumed until every step has reported."""
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        draining = asyncio.ensure_future(cluster.manager().drain(job_id, within=5))
+        await cluster.advance(5)
+        outcome = await draining
+        pending = await cluster.storage().jobs.get(job_id)
+        hooks = list(script.hooks)
+        with pytest.raises(ResumeJobFailed) as refused:
+            await cluster.manager().resume(job_id)
+        slow.finish.set()  # the work settles: it persists its stop and reports
+        await cluster.settle()
+        done = await cluster.storage().jobs.get(job_id)
+        return ids, outcome, pending, hooks, refused.value.code, done
+
+    ids, outcome, pending, hooks, code, done = run(scenario())
+    assert outcome.result == DrainJobResult.TIMED_OUT
+    assert outcome.not_drained == tuple(ids) and outcome.drained == ()
+    assert pending.pending_drain and not pending.stop_finalized
+    assert "on_stopped" not in hooks
+    assert code == CannotResumeJobError.JOB_CANNOT_BE_RESUMED
+    assert not done.pending_drain and done.stop_finalized
+    assert script.hooks.count("on_stopped") == 1
+
+
+def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run, script):
+    """A drain whose write fails answers CouldNotPersistStop and leaves the job as it was."""
+    faults = WriteFaults()
+    cluster = InProcessCluster(wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            faults.fail_at = {faults.writes + 1}
+            with pytest.raises(StopJobFailed) as refused:
+                await cluster.manager().drain(result.job_id, within=5)
+            stored = await cluster.storage().jobs.get(result.job_id)
+            script.release("a")
+            await cluster.settle()
+            return refused.value.code, stored
+
+    code, stored = run(scenario())
+    assert code == StopJobError.COULD_NOT_PERSIST_STOP
+    assert stored.status == JobStatus.RUNNING and not stored.pending_drain
+
+
+def test_the_pending_drain_survives_the_jobs_controller(run, cluster, script, slow):
+    """The controller goes away mid-drain: the job's next activation completes the drain."""
+
+    async def scenario():
+        job_id, _ = await running_step(cluster, "a")
+        draining = asyncio.ensure_future(cluster.manager().drain(job_id, within=5))
+        await cluster.advance(5)
+        await draining
+        await cluster.crash()  # every process: the controller and the step's worker
+        slow.finish.set()
+        await (await cluster.manager().rehydrate())
+        await cluster.settle()
+        steps = await cluster.storage().steps.get_for_job(job_id)
+        return await cluster.storage().jobs.get(job_id), steps
+
+    state, [step] = run(scenario())
+    assert not state.pending_drain and state.stop_finalized
+    assert state.status == JobStatus.STOPPED and state.progress.stopped_steps == 1
+    assert step.status == JobStepStatus.STOPPED
+    assert script.hooks.count("on_stopped") == 1
+
+
+def test_a_drain_of_a_missing_or_completed_job_says_so(run, cluster, script):
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.wait(result.job_id)
+        return (
+            await cluster.manager().drain(result.job_id),
+            await cluster.manager().drain("no-such-job"),
+        )
+
+    completed, missing = run(scenario())
+    assert completed.result == DrainJobResult.COMPLETED
+    assert missing.result == DrainJobResult.NOT_FOUND
+
+
+def test_a_graceful_host_shutdown_writes_no_final_status_and_reports_nothing(
+    run, cluster, script, slow, monkeypatch
+):
+    """Deactivation: the step stays Running for recovery, even when its work settles after
+    (here: it ignores the cancellation and succeeds)."""
+    sent = hold_reports(cluster, monkeypatch)
+    slow.succeed = True
+
+    async def scenario():
+        job_id, _ = await running_step(cluster, "a")
+        worker = cluster.worker
+        await worker.close()
+        slow.finish.set()
+        await cluster.settle()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return await cluster.storage().steps.get_for_job(job_id)
+
+    [step] = run(scenario())
+    assert step.status == JobStepStatus.RUNNING
+    assert sent == []
