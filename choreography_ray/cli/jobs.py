@@ -1,4 +1,4 @@
-"""The `jobs` commands: list, show, watch, stop, resume, remove and rehydrate.
+"""The `jobs` commands: list, show, watch, stop, drain, resume, remove and rehydrate.
 
 Ids, limits and statuses are checked before the command joins the cluster, so a mistake costs
 no Ray start-up and reaches nothing stored.
@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
 from ..jobs.status import JobStatus
 from ..storage import JobQuery
@@ -181,6 +182,31 @@ def _simple(action: str) -> Callable[..., None]:
 
 for _action in ("stop", "resume", "remove"):
     jobs_app.command(_action)(_simple(_action))
+
+
+@jobs_app.command("drain")
+def jobs_drain(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    timeout: Annotated[
+        float, typer.Option(help="Wait at most this many seconds for every step to stop.")
+    ] = 30.0,
+) -> None:
+    """Stop a job and wait until every step has stopped and stored its outcome."""
+    from ..recovery.explicit import check_timeout
+
+    guard(lambda: check_timeout(timeout))  # before joining the cluster
+    jobs = _client(storage, address, scope, namespace, job_id)
+    outcome = guard(lambda: jobs.drain(job_id, timeout=timeout, **_key_args(scope, namespace)))
+    console.print(f"drain: {job_id}: {outcome.result.name}")
+    console.print(f"  drained: {', '.join(outcome.drained) or 'none'}")
+    if outcome.not_drained:
+        console.print(f"  not drained (still stopping): {', '.join(outcome.not_drained)}")
+    if outcome.result not in (DrainJobResult.DRAINED, DrainJobResult.COMPLETED):
+        raise typer.Exit(1)  # timed out, or no such job: a script must not go on
 
 
 @jobs_app.command("rehydrate")

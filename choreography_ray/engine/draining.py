@@ -104,28 +104,38 @@ class Draining:
             ledger.tracked.setdefault(
                 step_id, Tracked(ledger.stage_of.get(step_id, 0), 1, state.execution_generation)
             )
-        remaining = max(0.0, (deadline - core.ctx.clock.now()).total_seconds())
-        try:
-            answer = await core.ctx.dispatcher.stop_and_wait(
-                StopRequest(
-                    job_key=core.ctx.key,
-                    job_id=core.id,
-                    generation=state.execution_generation,
-                    step_ids=tuple(sorted(asked)),
-                ),
-                within=remaining,
-            )
-        except Exception as error:
-            core.log.warning("job %s: asking the steps to drain failed: %s", core.id, error)
-            self.stopping.tell_later(asked)
-            return set(), set(asked)
         drained: set[str] = set()
-        for report in answer.settled:
-            if report.step_id in asked:
-                drained.add(report.step_id)
-                await self._account(report)
-        unanswered = set(answer.timed_out) & asked
-        idle = sorted(asked - drained - unanswered)
+        unanswered: set[str] = set()
+        idle: list[str] = []
+        round_limit = core.ctx.options.step_stop_timeout.total_seconds()
+        waiting = set(asked)
+        while waiting:
+            # Rounds of at most `step_stop_timeout`: a worker answers each within it, below
+            # the bound on calls between hosts; the steps that did not answer are asked again.
+            remaining = (deadline - core.ctx.clock.now()).total_seconds()
+            try:
+                answer = await core.ctx.dispatcher.stop_and_wait(
+                    StopRequest(
+                        job_key=core.ctx.key,
+                        job_id=core.id,
+                        generation=state.execution_generation,
+                        step_ids=tuple(sorted(waiting)),
+                    ),
+                    within=max(0.0, min(remaining, round_limit)),
+                )
+            except Exception as error:
+                core.log.warning("job %s: asking the steps to drain failed: %s", core.id, error)
+                self.stopping.tell_later(waiting)
+                return drained, waiting
+            for report in answer.settled:
+                if report.step_id in waiting:
+                    drained.add(report.step_id)
+                    await self._account(report)
+            unanswered = set(answer.timed_out) & waiting
+            idle.extend(sorted(waiting - drained - unanswered))
+            waiting = unanswered
+            if core.ctx.clock.now() >= deadline:
+                break
         try:
             drained |= await self._drain_idle(idle)
         except Exception as error:

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from ..engine.job import JobStartResult
 from ..jobs.errors import (
     ConfigurationError,
+    DrainOutcome,
     JobNotFoundError,
     NoEligibleJobWorker,
     ResumeJobSuccess,
@@ -293,6 +294,24 @@ class Jobs:
         key = job_key(scope, namespace)
         self._call("jobs.stop", "stop", key, check_job_id(job_id))
 
+    def drain(
+        self,
+        job_id: str,
+        *,
+        timeout: float = 30.0,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> DrainOutcome:
+        """Stop the job and wait, up to `timeout` seconds, until every step that could still
+        run has stopped, persisted its outcome and answered. `.result` is DRAINED only then
+        (and `on_stopped` has run); TIMED_OUT names the steps that did not answer in
+        `.not_drained`. The job cannot be resumed until its drain is complete."""
+        from ..recovery.explicit import check_timeout
+
+        key = job_key(scope, namespace)
+        within = check_timeout(timeout)
+        return self._call("jobs.drain", "drain", key, check_job_id(job_id), within)
+
     def resume(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
@@ -419,6 +438,9 @@ class AsyncJobs:
 
     async def stop(self, job_id: str, **kwargs: Any) -> None:
         await self._call(self._jobs.stop, job_id, **kwargs)
+
+    async def drain(self, job_id: str, **kwargs: Any) -> DrainOutcome:
+        return await self._call(self._jobs.drain, job_id, **kwargs)
 
     async def resume(self, job_id: str, **kwargs: Any) -> ResumeJobSuccess:
         return await self._call(self._jobs.resume, job_id, **kwargs)

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from ..engine.messages import (
+    SettledStops,
     StepReport,
     StepStart,
     StopRequest,
@@ -136,6 +137,26 @@ class RayDispatcher:
                 continue
             held.update(dict.fromkeys(answer, name))
         return held
+
+    async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
+        """Every worker host stops its runs of the steps and waits for them. A step a host
+        that did not answer may run is timed out, never taken as not running."""
+        calls = [
+            self.routes.call(name, "stop_and_wait", request, within) for name in self.routes.workers
+        ]
+        merged = SettledStops()
+        silent = False
+        for answer in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(answer, BaseException):
+                log.warning("a worker host did not answer a drain: %s", answer)
+                silent = True
+                continue
+            merged.settled.extend(answer.settled)
+            merged.timed_out.extend(answer.timed_out)
+        if silent and request.step_ids is not None:
+            answered = {report.step_id for report in merged.settled}
+            merged.timed_out = sorted(set(request.step_ids) - answered)
+        return merged
 
 
 class _Recent(OrderedDict[tuple[JobKey, str], str]):

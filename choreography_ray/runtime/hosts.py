@@ -23,6 +23,7 @@ from ..engine.manager import JobsManager
 from ..engine.messages import (
     PackedReport,
     PackedStart,
+    SettledStops,
     StartResult,
     StopRequest,
     StopResult,
@@ -31,7 +32,7 @@ from ..engine.messages import (
     unpack_starts,
 )
 from ..engine.worker import StepWorker
-from ..jobs.errors import OwnedElsewhereError
+from ..jobs.errors import DrainOutcome, OwnedElsewhereError
 from ..jobs.registry import Payload, TypeKind, default_registry
 from ..jobs.state import JobKey, JobOwner, JobState
 from ..placement.capability import PLAN_STORAGE, HostAdvert, hosts_of_type_have
@@ -339,6 +340,9 @@ class ControllerHost(_Host):
     async def remove(self, key: JobKey, job_id: str) -> None:
         return await self._owned(key, job_id, "remove")
 
+    async def drain(self, key: JobKey, job_id: str, within: float) -> DrainOutcome:
+        return await self._owned(key, job_id, "drain", within)
+
     async def deliver(self, key: JobKey, job_id: str, packed: list[PackedReport]) -> None:
         """Step outcomes from a worker host, already durable."""
         reports = unpack_reports(packed)
@@ -469,6 +473,10 @@ class WorkerHost(_Host):
             host, "running_steps", job_key, job_id, list(step_ids)
         )
         return answer
+
+    async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
+        await self.ready()
+        return await self.worker.stop_and_wait(request, within)
 
     async def step_callback(
         self, job_key: JobKey, job_id: str, step_id: str, kind: str, value: Any

@@ -483,3 +483,23 @@ def test_a_graceful_host_shutdown_writes_no_final_status_and_reports_nothing(
     [step] = run(scenario())
     assert step.status == JobStepStatus.RUNNING
     assert sent == []
+
+
+def test_a_long_drain_asks_again_in_rounds_of_the_step_stop_timeout(run, cluster, script, slow):
+    """Each round waits at most `step_stop_timeout`, below the bound on calls between hosts; a
+    step that settles in a later round, within the drain's timeout, is drained."""
+
+    async def scenario():
+        job_id, ids = await running_step(cluster, "a")
+        draining = asyncio.ensure_future(cluster.manager().drain(job_id, within=25))
+        await cluster.advance(10)  # the first round times out: callbacks are refused now
+        first_round_over = not draining.done()
+        await cluster.advance(5)
+        slow.finish.set()
+        await cluster.settle()
+        return ids, first_round_over, await draining
+
+    ids, first_round_over, outcome = run(scenario())
+    assert first_round_over
+    assert outcome.result == DrainJobResult.DRAINED and outcome.drained == tuple(ids)
+    assert slow.refused == [ActivationCallbackRejected.CLOSED]

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from choreography_ray.cli import app
-from choreography_ray.jobs import JobStatus
+from choreography_ray.jobs import JobStatus, JobStepStatus
 
 from .ray_jobs import FanOut, FanOutJob, gate
 
@@ -57,6 +57,26 @@ def test_jobs_stop_resume_and_remove(jobs):
         assert resumed.exit_code == 0 and "SUCCESS" in resumed.output
         assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
         assert invoke("jobs", "remove", job_id).exit_code == 1  # completed: refused
+    finally:
+        ray.kill(handle)
+
+
+def test_jobs_drain_stops_a_job_and_names_the_steps_that_drained(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True))
+        drained = invoke("jobs", "drain", job_id, "--timeout", "30")
+        assert drained.exit_code == 0, drained.output
+        assert "DRAINED" in drained.output
+        state = jobs.get(job_id)
+        assert state.status == JobStatus.STOPPED and state.stop_finalized
+        assert not state.pending_drain
+        assert jobs.step_counts(job_id).get(JobStepStatus.STOPPED) == 2
+        assert invoke("jobs", "drain", "no-such-job").exit_code == 1
+        refused = invoke("jobs", "drain", job_id, "--timeout", "0")
+        assert refused.exit_code == 1 and "timeout" in refused.output
     finally:
         ray.kill(handle)
 
