@@ -48,6 +48,10 @@ class Stopping:
         """Steps that may run and whose worker has not yet answered a stop notification."""
         self._notify_delay = NOTIFY_RETRY_DELAY
         self._notify_timer: asyncio.Task[None] | None = None
+        self._finish_delay = NOTIFY_RETRY_DELAY
+        self._finish_timer: asyncio.Task[None] | None = None
+        self._finish_error: Exception | None = None
+        """Why the last finish of a removal failed; None once it succeeded."""
 
     async def stop(self) -> None:
         record = self.record
@@ -79,10 +83,17 @@ class Stopping:
         if status.is_terminal:
             raise RemoveJobFailed("the job has completed", code=RemoveJobError.JOB_IS_COMPLETED)
         if status == JobStatus.REMOVING:
-            try:
+            # Run the finish again once no step is left to report; say whether it failed. A
+            # fresh activation first tells the steps again, as after a crash.
+            if self.ledger.loaded:
                 await self.finish_if_settled()
-            except Exception as error:
-                raise RemoveJobFailed(str(error), code=RemoveJobError.UNKNOWN) from error
+            else:
+                await self._stop_steps(removing=True)
+            if self._finish_error is not None:
+                raise RemoveJobFailed(
+                    f"finishing the removal failed again: {self._finish_error}",
+                    code=RemoveJobError.UNKNOWN,
+                )
             raise RemoveJobFailed(
                 "the job is already being removed",
                 code=RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED,
@@ -297,26 +308,60 @@ class Stopping:
                 core.log.exception("job %s: finishing the stop failed", core.id)
 
     async def finish_if_settled(self) -> None:
-        """Once no step runs any more: `on_stopped`, and a removal clears the job."""
+        """Once no step runs any more: `on_stopped`, and a removal clears the job.
+
+        A removal whose finish fails (`on_stopped` raises, or clearing the job fails) is
+        finished again on the job's own timer, 1 s doubling to 60 s, until the job is cleared."""
         record = self.record
         state = record.state
         if state.stop_finalized or not state.progress.is_stopped:
             return
         if self.ledger.tracked:
             return
-        try:
-            await self.core.hook("on_stopped")
-        except Exception as error:
-            self.core.log.exception("job %s: on_stopped failed", self.core.id)
-            if state.status == JobStatus.REMOVING:
-                raise RemoveJobFailed(
-                    f"on_stopped failed: {error}", code=RemoveJobError.UNKNOWN
-                ) from error
-        if state.status == JobStatus.REMOVING:
-            if state.stored_step_plan_incarnation is not None:
-                await record.delete_plan(state.stored_step_plan_incarnation)
-            await record.clear()
-            self.outcomes.finish()
+        if state.status != JobStatus.REMOVING:
+            try:
+                await self.core.hook("on_stopped")
+            except Exception:
+                self.core.log.exception("job %s: on_stopped failed", self.core.id)
+            state.stop_finalized = True
+            state.pending_drain = False  # every step has reported: a pending drain is complete
             return
-        state.stop_finalized = True
-        state.pending_drain = False  # every step has reported: a pending drain is complete
+        try:
+            await self._finish_removal()
+        except Exception as error:
+            self.core.log.warning(
+                "job %s: finishing the removal failed (%s); trying again in %.0f s",
+                self.core.id,
+                error,
+                self._finish_delay,
+            )
+            self._finish_error = error
+            self._finish_later()
+            return
+        self._finish_error = None
+        self._finish_delay = NOTIFY_RETRY_DELAY
+
+    async def _finish_removal(self) -> None:
+        record = self.record
+        await self.core.hook("on_stopped")
+        if record.state.stored_step_plan_incarnation is not None:
+            await record.delete_plan(record.state.stored_step_plan_incarnation)
+        await record.clear()
+        self.outcomes.finish()
+
+    def _finish_later(self) -> None:
+        if self._finish_timer is not None and not self._finish_timer.done():
+            return
+        delay = self._finish_delay
+        self._finish_delay = min(NOTIFY_RETRY_CAP, delay * 2)
+        self._finish_timer = self.core.spawn(self._finish_after(delay))
+
+    async def _finish_after(self, delay: float) -> None:
+        """The job retries a failed removal finish itself: no report may come to trigger it."""
+        core = self.core
+        await core.ctx.clock.sleep(delay)
+        async with core.turn:
+            self._finish_timer = None
+            if self.record.released or self.record.state.status != JobStatus.REMOVING:
+                return
+            await self.finish_if_settled()

@@ -451,14 +451,22 @@ class StepWorker:
                 task.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+        """Send a batch, retrying with backoff. A removal's report is not bounded by
+        `step_delivery_max_attempts`: it goes on while this worker lives, until the job hears
+        it (a job that no longer exists answers that there is nothing left to report)."""
         delay = self.options.step_delivery_retry_delay.total_seconds()
         cap = self.options.max_step_delivery_retry_delay.total_seconds()
-        for attempt in range(1, self.options.step_delivery_max_attempts + 1):
+        limit = self.options.step_delivery_max_attempts
+        if any(report.status == JobStepStatus.REMOVING for report in reports):
+            limit = None
+        attempt = 0
+        while not self.closed:
+            attempt += 1
             try:
                 await self.reporter.report(key, job_id, reports)
                 return
             except Exception as error:
-                if attempt == self.options.step_delivery_max_attempts:
+                if attempt == limit:
                     log.warning(
                         "gave up reporting %d outcome(s) to job %s: %s; they are in storage "
                         "for the job to recount",

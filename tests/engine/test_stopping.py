@@ -13,8 +13,11 @@ from choreography_ray.engine.run import CallbackRejected
 from choreography_ray.jobs import (
     CannotResumeJobError,
     DrainJobResult,
+    JobsOptions,
     JobStatus,
     JobStepStatus,
+    RemoveJobError,
+    RemoveJobFailed,
     ResumeJobFailed,
     StopJobError,
     StopJobFailed,
@@ -503,3 +506,87 @@ def test_a_long_drain_asks_again_in_rounds_of_the_step_stop_timeout(run, cluster
     assert first_round_over
     assert outcome.result == DrainJobResult.DRAINED and outcome.drained == tuple(ids)
     assert slow.refused == [ActivationCallbackRejected.CLOSED]
+
+
+# -- a removal finishes even when a report fails -------------------------------------------------
+
+
+def test_a_removal_report_goes_on_past_the_delivery_attempts_until_the_job_hears_it(
+    run, script, monkeypatch
+):
+    cluster = InProcessCluster(options=JobsOptions(step_delivery_max_attempts=2))
+    script.behaviour["a"].block = True
+    tries: list[int] = []
+
+    async def scenario():
+        async with cluster:
+            deliver = cluster.report
+
+            async def unreachable(job_key, job_id, reports):
+                tries.append(len(reports))
+                if len(tries) <= 6:
+                    raise StorageUnavailableError("the job cannot be reached")
+                await deliver(job_key, job_id, reports)
+
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            monkeypatch.setattr(cluster, "report", unreachable)
+            await cluster.manager().remove(result.job_id)
+            for _ in range(8):
+                await cluster.clock.advance(60)
+            await cluster.settle()
+            return await cluster.storage().jobs.find(result.job_id)
+
+    stored = run(scenario())
+    assert len(tries) == 7  # past the two delivery attempts, until heard
+    assert stored is None
+
+
+def test_a_failed_removal_finish_is_retried_by_the_job_until_the_job_is_cleared(
+    run, cluster, script
+):
+    """on_stopped throws: the job retries the finish on its own timer (1 s doubling to 60 s);
+    Remove() on the job runs the finish again and answers Unknown while it fails, and
+    JobIsAlreadyBeingRemoved once it does not."""
+    script.fail_hooks.add("on_stopped")
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().remove(result.job_id)
+        await cluster.settle()
+        first = script.hooks.count("on_stopped")
+        await cluster.advance(1)
+        await cluster.advance(2)
+        retried = script.hooks.count("on_stopped")
+        with pytest.raises(RemoveJobFailed) as failing:
+            await cluster.manager().remove(result.job_id)
+        still = await cluster.storage().jobs.find(result.job_id)
+        script.fail_hooks.clear()
+        await cluster.advance(4)
+        return first, retried, failing.value.code, still, result.job_id
+
+    first, retried, code, still, job_id = run(scenario())
+    assert first == 1 and retried == 3
+    assert code == RemoveJobError.UNKNOWN
+    assert still is not None and still.status == JobStatus.REMOVING
+    assert run(cluster.storage().jobs.find(job_id)) is None
+    assert run(cluster.storage().steps.count_for_job(job_id)) == 0
+
+
+def test_remove_on_a_job_being_removed_answers_that_it_is_already_being_removed(
+    run, cluster, script, slow
+):
+    async def scenario():
+        job_id, _ = await running_step(cluster, "a")
+        await cluster.manager().remove(job_id)  # the step is slow to stop
+        with pytest.raises(RemoveJobFailed) as again:
+            await cluster.manager().remove(job_id)
+        slow.finish.set()
+        await cluster.settle()
+        return again.value.code, await cluster.storage().jobs.find(job_id)
+
+    code, stored = run(scenario())
+    assert code == RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED
+    assert stored is None
