@@ -136,6 +136,10 @@ class Resuming:
             state.stop_finalized,
             state.progress,
         )
+        # The seed's eligibility for compensating a failed hook: entered as Stopped, no pending
+        # drain (refused above), and the pre-resume accounting says every worker reported.
+        # Otherwise work may still be live, and going back to Stopped would hide it.
+        compensable = from_stop and state.progress.is_stopped
         await self._all_steps(self.recount.load(strict=True))
         await self.stages.locate()
         if from_stop:
@@ -157,7 +161,7 @@ class Resuming:
             await self.core.hook("on_before_resuming_job_steps")
             await self.core.dispatch_hook(incomplete=False, resuming=True)
         except Exception as error:
-            if from_stop:
+            if compensable:
                 await self._restore_stop(previous, error)
             raise ResumeJobFailed(
                 f"the resume hook failed: {error}", code=CannotResumeJobError.UNKNOWN

@@ -325,6 +325,10 @@ class Stopping:
                 self.core.log.exception("job %s: on_stopped failed", self.core.id)
             state.stop_finalized = True
             state.pending_drain = False  # every step has reported: a pending drain is complete
+            if state.stored_step_plan_incarnation is not None:
+                # A finalized stop is left alone from now on, as a terminal state is: its
+                # stored plan would be orphaned (a resume reads the steps, not the plan).
+                await record.delete_plan(state.stored_step_plan_incarnation)
             return
         try:
             await self._finish_removal()

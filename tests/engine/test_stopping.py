@@ -590,3 +590,60 @@ def test_remove_on_a_job_being_removed_answers_that_it_is_already_being_removed(
     code, stored = run(scenario())
     assert code == RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED
     assert stored is None
+
+
+# -- a failed resume hook can leave a stopped job ready to retry ---------------------------------
+
+
+def test_a_failed_resume_hook_does_not_compensate_a_stop_whose_workers_have_not_all_reported(
+    run, cluster, script, monkeypatch
+):
+    """Eligibility uses the pre-resume accounting: with a step still unaccounted for (its stop
+    notification never got through), work may be live, so the job is not put back to Stopped
+    and stays Running for the watchdog or a later Resume()."""
+    global START
+    script.behaviour["a"].block = True
+    monkeypatch.setattr(cluster, "stop_steps", FailingStops(cluster, times=1000))
+
+    async def scenario():
+        global START
+        START = cluster.clock.now()
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        script.fail_hooks.add("on_before_resuming_job_steps")
+        with pytest.raises(ResumeJobFailed):
+            await cluster.manager().resume(result.job_id)
+        stored = await cluster.storage().jobs.get(result.job_id)
+        script.fail_hooks.clear()
+        script.release("a")
+        return stored
+
+    stored = run(scenario())
+    assert stored.status == JobStatus.RUNNING
+    assert "on_stopped" not in script.hooks
+
+
+def test_a_finalized_stop_deletes_the_jobs_stored_plan(run, script):
+    script.behaviour["a"].block = True
+    cluster = InProcessCluster(options=JobsOptions(max_inline_step_plan_size=0))
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a", "b"))
+            await cluster.settle()
+            stored = await cluster.storage().jobs.get(result.job_id)
+            incarnation = stored.stored_step_plan_incarnation
+            await cluster.manager().stop(result.job_id)
+            await cluster.settle()
+            state = await cluster.storage().jobs.get(result.job_id)
+            try:
+                plan = await cluster.storage().plans.load_plan(result.job_id, incarnation)
+            except Exception:
+                plan = None
+            return incarnation, state, plan
+
+    incarnation, state, plan = run(scenario())
+    assert incarnation is not None
+    assert state.stop_finalized
+    assert not plan
