@@ -394,9 +394,9 @@ class StepRun(StepContext):
         partial = None
         if self._user_state is not None:
             try:
-                partial = step.wrap_result(
-                    step.create_cancelled_result_from_current_state(self._user_state)
-                )
+                value = step.create_cancelled_result_from_current_state(self._user_state)
+                if value is not None:  # None: the step has no partial result to offer
+                    partial = step.wrap_result(value)
             except Exception:
                 self.log.exception("create_cancelled_result_from_current_state failed")
         error = StepError(
