@@ -40,6 +40,8 @@ class Slow:
         self.finish = asyncio.Event()
         self.succeed = False
         self.refused: list[Any] = []
+        self.runs = 0
+        self.later_runs_succeed = False
 
 
 SLOW = Slow()
@@ -56,6 +58,9 @@ def slow():
 class SlowToStopStep(JobStep[KeyRequest, KeyState, KeyResult], name="tests.stopping.slow"):
     async def perform(self, state: KeyState, ctx: StepContext) -> KeyResult:
         slow = SLOW
+        slow.runs += 1
+        if slow.later_runs_succeed and slow.runs > 1:
+            return KeyResult(key=state.key, value=slow.runs)
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -647,3 +652,54 @@ def test_a_finalized_stop_deletes_the_jobs_stored_plan(run, script):
     assert incarnation is not None
     assert state.stop_finalized
     assert not plan
+
+
+# -- write order: persisted first, and no refused stop stands as the outcome ---------------------
+
+
+def test_a_refused_late_stop_of_an_earlier_execution_does_not_stand_in_step_storage(
+    run, cluster, script, slow
+):
+    """Persist-first hazard: the first execution's run persists its stop after the job was
+    resumed; the job refuses that report, and the resumed run's outcome replaces it."""
+    slow.later_runs_succeed = True
+
+    async def scenario():
+        job_id, _ = await running_step(cluster, "a")
+        await cluster.manager().stop(job_id)
+        await cluster.settle()
+        await cluster.manager().resume(job_id)  # the stop is still in progress
+        await cluster.settle()
+        slow.finish.set()  # the old run persists Stopped and reports it, late
+        state = await cluster.wait(job_id)
+        steps = await cluster.storage().steps.get_for_job(job_id)
+        return state, steps
+
+    state, [step] = run(scenario())
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert (state.progress.successful_steps, state.progress.stopped_steps) == (1, 0)
+    assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY and step.generation == 2
+
+
+def test_a_stop_the_running_job_did_not_ask_for_does_not_stand_in_step_storage(
+    run, cluster, script
+):
+    """Persist-first hazard: a run stopped without the job asking (its worker cancelled it)
+    persists Stopped; the running job refuses to count it and runs the step again."""
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        [step] = await cluster.storage().steps.get_for_job(result.job_id)
+        await cluster.worker.stop_steps(stop_request(result.job_id, [step.id]))
+        await cluster.settle()
+        script.release("a")
+        state = await cluster.wait(result.job_id)
+        return state, await cluster.storage().steps.get_for_job(result.job_id)
+
+    state, [step] = run(scenario())
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.stopped_steps == 0
+    assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY
+    assert script.ran("a") == 2
