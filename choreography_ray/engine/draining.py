@@ -55,6 +55,10 @@ class Draining:
         unanswered: set[str] = set()
         if asked:
             drained, unanswered = await self._ask(asked, deadline)
+        if unanswered:
+            # Told again until every worker has answered for them (one whose host did not
+            # answer may still run); each reports once its work settles.
+            self.stopping.tell_later(unanswered)
         try:
             await self.stopping.finish_if_settled()
             await self.record.save_progress()

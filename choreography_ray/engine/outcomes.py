@@ -33,7 +33,8 @@ class Outcomes:
         state = record.state
         status = state.status
         step_id = report.step_id
-        if step_id in ledger.counted:
+        if step_id in ledger.counted and not self._takes_back_stop(report):
+            ledger.tracked.pop(step_id, None)  # told once more, it has now reported
             record.counters.ignored_reports += 1
             return False
         tracked = ledger.tracked.get(step_id)
@@ -63,6 +64,27 @@ class Outcomes:
             state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
         await self.count(report)
         return False
+
+    def _takes_back_stop(self, report: StepReport) -> bool:
+        """A step counted as stopped whose run then ends with a success, or a failure (no
+        attempt is left for a stopped job): the outcome replaces the stop, in the same write,
+        so the job's counts stay equal to step storage. Only while the job is stopped or being
+        removed: that is when stops are counted."""
+        state = self.record.state
+        step_id = report.step_id
+        if state.status not in (JobStatus.STOPPED, JobStatus.REMOVING):
+            return False
+        if report.status not in (
+            JobStepStatus.COMPLETED_SUCCESSFULLY,
+            JobStepStatus.COMPLETED_WITH_FAILURE,
+        ):
+            return False
+        if step_id not in state.stopped_steps_counted:
+            return False
+        state.stopped_steps_counted = [s for s in state.stopped_steps_counted if s != step_id]
+        counting.uncount_stop(state.progress)
+        self.ledger.counted.discard(step_id)
+        return True
 
     def _retries(self, report: StepReport) -> bool:
         rule = self.core.retry

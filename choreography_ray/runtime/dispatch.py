@@ -19,7 +19,7 @@ from ..engine.messages import (
     pack_starts,
 )
 from ..engine.ports import Dispatched
-from ..jobs.errors import NoEligibleJobWorker
+from ..jobs.errors import HostError, NoEligibleJobWorker
 from ..jobs.state import JobKey
 from ..placement.capability import HostAdvert
 from ..placement.choice import Placement
@@ -114,14 +114,21 @@ class RayDispatcher:
         names = list(self.routes.workers)
         calls = [self.routes.call(name, "stop_steps", request) for name in names]
         merged = StopResult()
+        silent: list[BaseException] = []
         for name, answer in zip(
             names, await asyncio.gather(*calls, return_exceptions=True), strict=True
         ):
             if isinstance(answer, BaseException):
                 log.warning("worker host %s did not answer a stop: %s", name, answer)
+                silent.append(answer)
                 continue
             merged.stopping.extend(answer.stopping)
             merged.hosts[name] = list(answer.stopping)
+        if silent:
+            # Its runs may still work: none of its steps may be taken as not running. The job
+            # tells every host again (a stop is idempotent); a host that is gone has left the
+            # routing table by then.
+            raise HostError(f"{len(silent)} worker host(s) did not answer the stop: {silent[0]}")
         if request.step_ids is not None:
             merged.not_running = sorted(set(request.step_ids) - set(merged.stopping))
         return merged

@@ -703,3 +703,36 @@ def test_a_stop_the_running_job_did_not_ask_for_does_not_stand_in_step_storage(
     assert state.progress.stopped_steps == 0
     assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY
     assert script.ran("a") == 2
+
+
+def test_a_stop_counted_for_a_step_whose_run_then_succeeds_is_taken_back_in_the_same_write(
+    run, cluster, script, monkeypatch
+):
+    """The job counted a stop for a step no worker said it ran, and the step's run then
+    succeeds: the job takes the stop back and counts the success, so its counts equal step
+    storage."""
+    from choreography_ray.engine.messages import StopResult
+
+    script.behaviour["a"].block = True
+
+    async def unheard(request):  # the worker running `a` did not hear the stop
+        return StopResult(stopping=[], not_running=list(request.step_ids or ()))
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        monkeypatch.setattr(cluster, "stop_steps", unheard)
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        counted = await cluster.storage().jobs.get(result.job_id)
+        script.release("a")  # the run goes on, and succeeds
+        await cluster.settle()
+        state = await cluster.storage().jobs.get(result.job_id)
+        steps = await cluster.storage().steps.get_for_job(result.job_id)
+        return counted, state, steps
+
+    counted, state, [step] = run(scenario())
+    assert counted.progress.stopped_steps == 1
+    assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY
+    assert (state.progress.successful_steps, state.progress.stopped_steps) == (1, 0)
+    assert state.stopped_steps_counted == []
