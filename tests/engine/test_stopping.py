@@ -736,3 +736,32 @@ def test_a_stop_counted_for_a_step_whose_run_then_succeeds_is_taken_back_in_the_
     assert step.status == JobStepStatus.COMPLETED_SUCCESSFULLY
     assert (state.progress.successful_steps, state.progress.stopped_steps) == (1, 0)
     assert state.stopped_steps_counted == []
+
+
+@pytest.mark.parametrize("failing", ["the resume write", "the compensating write"])
+def test_an_eligible_stopped_job_retires_when_the_resume_or_compensating_write_fails(
+    run, script, failing
+):
+    """Rather than serve an uncertain state, the activation lets the job go; what storage
+    holds is whichever status reached it."""
+    faults = WriteFaults()
+    cluster = InProcessCluster(wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            await cluster.manager().stop(result.job_id)
+            await cluster.settle()
+            activation = cluster.manager().activation(result.job_id)
+            script.fail_hooks.add("on_before_resuming_job_steps")
+            faults.fail_at = {faults.writes + (1 if failing == "the resume write" else 2)}
+            with pytest.raises(ResumeJobFailed):
+                await cluster.manager().resume(result.job_id)
+            return activation.released, await cluster.storage().jobs.get(result.job_id)
+
+    released, stored = run(scenario())
+    assert released
+    expected = JobStatus.STOPPED if failing == "the resume write" else JobStatus.RUNNING
+    assert stored.status == expected
