@@ -49,6 +49,10 @@ class Draining:
         state = self.record.state
         if state.status.is_terminal:
             return DrainOutcome(DrainJobResult.COMPLETED)
+        if state.status == JobStatus.STOPPED and state.stop_finalized and not state.pending_drain:
+            # A finished stop: every step reported or never ran, and the hooks ran. Nothing
+            # is left to wait for, and `on_stopped` is not run again for nothing.
+            return DrainOutcome(DrainJobResult.DRAINED)
         await self._persist_pending_drain()
         asked = await self.stopping.candidates()
         drained: set[str] = set()

@@ -765,3 +765,20 @@ def test_an_eligible_stopped_job_retires_when_the_resume_or_compensating_write_f
     assert released
     expected = JobStatus.STOPPED if failing == "the resume write" else JobStatus.RUNNING
     assert stored.status == expected
+
+
+def test_draining_a_finished_stop_answers_drained_without_running_the_hooks_again(
+    run, cluster, script
+):
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        await cluster.manager().stop(result.job_id)
+        await cluster.settle()
+        return await cluster.manager().drain(result.job_id, within=5)
+
+    outcome = run(scenario())
+    assert outcome.result == DrainJobResult.DRAINED
+    assert script.hooks.count("on_stopped") == 1
