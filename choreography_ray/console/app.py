@@ -1,0 +1,274 @@
+"""The console as an aiohttp application: routes, input checks, and actions behind a token.
+
+`create_app` takes a reader and, optionally, the cluster's actions and view, so tests serve it
+over any storage without Ray. Actions are off unless `allow_actions`; when on, every action is
+a POST that carries this process's random token, so a page of another site cannot make the
+browser of someone who has the console open stop their jobs (cross-site request forgery).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from ..jobs.errors import ChoreographyError, JobNotFoundError
+from ..jobs.options import option_error
+from ..jobs.state import JobKey
+from ..jobs.status import JobStatus
+from ..storage.codec import check_id
+from ..storage.retry import one_line
+from . import pages
+from .html import e, key_params, layout, main, path, url
+from .ports import ACTIONS, ClusterView, JobActions
+from .reader import JobFilter, JobsReader, parse_status, parse_step_statuses
+
+log = logging.getLogger("choreography_ray.console")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    allow_actions: bool = False
+    refresh_seconds: float = 2.0
+    """How often a live page asks for its changing part again; 0 turns live refresh off."""
+    bound: str = "127.0.0.1"
+    """Where the server listens, for the footer."""
+    source: str = ""
+    """The storage read, redacted, for the header."""
+    page_size: int = 50
+
+
+READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
+SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
+ACTIONS_KEY: web.AppKey[object] = web.AppKey("actions", object)
+CLUSTER_KEY: web.AppKey[object] = web.AppKey("cluster", object)
+TOKEN: web.AppKey[str] = web.AppKey("token", str)
+
+
+class BadInput(ValueError):
+    """A query parameter the console cannot use; answered 400 with the reason."""
+
+
+def create_app(
+    reader: JobsReader,
+    *,
+    settings: ConsoleSettings | None = None,
+    actions: JobActions | None = None,
+    cluster: ClusterView | None = None,
+) -> web.Application:
+    app = web.Application(middlewares=[_errors])
+    app[READER] = reader
+    app[SETTINGS] = settings or ConsoleSettings()
+    app[ACTIONS_KEY] = actions
+    app[CLUSTER_KEY] = cluster
+    app[TOKEN] = secrets.token_urlsafe(24)
+    app.router.add_get("/", _home)
+    app.router.add_get("/jobs", _jobs)
+    app.router.add_get("/jobs/{job_id}", _job)
+    app.router.add_get("/jobs/{job_id}/steps", _steps)
+    app.router.add_post("/jobs/{job_id}/{action}", _action)
+    app.router.add_get("/cluster", _cluster)
+    return app
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _render(
+    request: web.Request, title: str, body: str, *, live: bool, filters: str = "", status: int = 200
+) -> web.Response:
+    """The whole page, or only its live part when the page's script asks (`fragment=1`)."""
+    settings = request.app[SETTINGS]
+    part = main(body, live=live and settings.refresh_seconds > 0)
+    if request.query.get("fragment") == "1":
+        text = part
+    else:
+        text = layout(
+            title,
+            part,
+            filters=filters,
+            refresh_ms=int(settings.refresh_seconds * 1000),
+            bound=settings.bound,
+            source=settings.source,
+        )
+    return web.Response(text=text, content_type="text/html", status=status)
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadInput(f"{name} must be a whole number (got {raw!r})") from None
+
+
+def _key(request: web.Request) -> JobKey:
+    scope = request.query.get("scope") or "default"
+    namespace = request.query.get("namespace") or "default"
+    try:
+        return JobKey(scope=scope, namespace=namespace)
+    except ValidationError as error:
+        raise BadInput(option_error(error, "job key").message) from None
+
+
+def _job_id(request: web.Request) -> str:
+    """The job id of the path; storage refuses an empty or over-long one (a `/` cannot reach
+    here: it would be another path)."""
+    return check_id(request.match_info["job_id"], "job id")
+
+
+def _status_names(request: web.Request) -> list[str]:
+    return [name for name in request.query.get("status", "").split(",") if name.strip()]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Mistakes and unreachable storage as a page with one line, never a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except JobNotFoundError as error:
+        return _render(
+            request, "Not found", f'<p class="error">{e(error.message)}</p>', live=False, status=404
+        )
+    except (BadInput, ValueError) as error:
+        return _render(
+            request,
+            "Bad request",
+            f'<p class="error">{e(one_line(error))}</p>',
+            live=False,
+            status=400,
+        )
+    except Exception as error:
+        log.warning("console request %s failed: %s", request.path, one_line(error))
+        message = one_line(error) or type(error).__name__
+        return _render(
+            request,
+            "Unavailable",
+            f'<p class="error">{e(type(error).__name__)}: {e(message)}</p>',
+            live=True,
+            status=503,
+        )
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+async def _home(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/jobs")
+
+
+async def _jobs(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    wanted = JobFilter(
+        key=_key(request),
+        statuses=frozenset(parse_status(n, JobStatus) for n in _status_names(request)),
+        type=request.query.get("type", "").strip() or None,
+        page=_int(request, "page", 0),
+        size=_int(request, "size", settings.page_size),
+    )
+    found = await request.app[READER].jobs(wanted)
+    body = pages.jobs_page(wanted, found, pages.now_utc())
+    return _render(request, "Jobs", body, live=True, filters=pages.jobs_filters(wanted))
+
+
+async def _job(request: web.Request) -> web.Response:
+    return await _job_response(request, message=_done(request))
+
+
+def _done(request: web.Request) -> str:
+    """The notice after an action redirected here: only the known action names render."""
+    done = request.query.get("done", "")
+    return f"{done}: requested" if done in ACTIONS else ""
+
+
+async def _job_response(
+    request: web.Request, *, message: str = "", problem: str = "", status: int = 200
+) -> web.Response:
+    reader = request.app[READER]
+    settings = request.app[SETTINGS]
+    key, job_id = _key(request), _job_id(request)
+    job = await reader.job(key, job_id)
+    counts = await reader.step_counts(key, job_id)
+    actions: JobActions | None = request.app[ACTIONS_KEY]  # type: ignore[assignment]
+    form = pages.actions_form(
+        job,
+        enabled=settings.allow_actions and actions is not None,
+        can_drain=actions is not None and actions.can_drain,
+        token=request.app[TOKEN],
+    )
+    body = pages.job_page(
+        job, counts, pages.now_utc(), actions=form, message=message, problem=problem
+    )
+    return _render(request, f"Job {job_id}", body, live=not job.is_finished, status=status)
+
+
+async def _steps(request: web.Request) -> web.Response:
+    reader = request.app[READER]
+    settings = request.app[SETTINGS]
+    key, job_id = _key(request), _job_id(request)
+    names = _status_names(request)
+    statuses = parse_step_statuses(names)
+    page = _int(request, "page", 0)
+    size = _int(request, "size", settings.page_size)
+    job = await reader.job(key, job_id)
+    found = await reader.steps(key, job_id, statuses, page, size)
+    status = names[0].strip().lower() if len(names) == 1 else ""
+    body = pages.steps_page(job, status, found, pages.now_utc())
+    filters = pages.steps_filters(job, status, size)
+    return _render(request, f"Steps of {job_id}", body, live=not job.is_finished, filters=filters)
+
+
+async def _cluster(request: web.Request) -> web.Response:
+    view: ClusterView | None = request.app[CLUSTER_KEY]  # type: ignore[assignment]
+    source = request.app[SETTINGS].source
+    if view is None:
+        return _render(request, "Cluster", pages.cluster_page(None, source), live=False)
+    try:
+        snapshot = await view.snapshot()
+    except Exception as error:
+        body = pages.cluster_page(None, source, one_line(error) or type(error).__name__)
+        return _render(request, "Cluster", body, live=True, status=503)
+    return _render(request, "Cluster", pages.cluster_page(snapshot, source), live=True)
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+async def _action(request: web.Request) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    actions: JobActions | None = request.app[ACTIONS_KEY]  # type: ignore[assignment]
+    action = request.match_info["action"]
+    if action not in ACTIONS:
+        raise web.HTTPNotFound(text=f"unknown action {action!r}")
+    if not settings.allow_actions or actions is None:
+        raise web.HTTPForbidden(
+            text="actions are off: start the console with --allow-actions (and a cluster)"
+        )
+    form = await request.post()
+    token = str(form.get("token", ""))
+    if not hmac.compare_digest(token.encode(), request.app[TOKEN].encode()):
+        raise web.HTTPForbidden(text="missing or wrong form token: reload the page and try again")
+    key, job_id = _key(request), _job_id(request)
+    if action == "drain" and not actions.can_drain:
+        raise web.HTTPConflict(text="this cluster's client cannot drain a job")
+    try:
+        await actions.run(action, key, job_id)
+    except ChoreographyError as error:
+        if isinstance(error, JobNotFoundError):
+            raise
+        return await _job_response(
+            request, problem=f"{action} refused: {error.message}", status=409
+        )
+    log.info("console: %s of job %s in %s", action, job_id, key)
+    raise web.HTTPSeeOther(url(path("jobs", job_id), {**key_params(key), "done": action}))

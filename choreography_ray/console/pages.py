@@ -1,0 +1,341 @@
+"""The console's pages as HTML: jobs, one job, its steps, the cluster.
+
+Pure functions of what the reader returned, so they are tested without a server. Buttons of
+actions the job's state makes meaningless are rendered disabled, with the reason as a title.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
+from ..jobs.status import JobStatus, JobStepStatus
+from ..storage.protocols import StepCounts
+from .html import bar, duration, e, key_params, path, url, when
+from .ports import ACTIONS, ClusterSnapshot
+from .reader import FAILED_STEPS, JobFilter, Page
+
+STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
+
+
+def status_name(status: int) -> str:
+    try:
+        return JobStatus(status).name
+    except ValueError:
+        return str(status)
+
+
+def done_steps(job: JobState) -> int:
+    p = job.progress
+    return p.successful_steps + p.failed_steps + p.unreachable_steps
+
+
+def job_link(job_id: str, key: JobKey) -> str:
+    return url(path("jobs", job_id), key_params(key))
+
+
+def _options(selected: str, names: Iterable[str]) -> str:
+    out = ['<option value="">any</option>']
+    for name in names:
+        mark = " selected" if name.lower() == selected.lower() else ""
+        out.append(f'<option value="{e(name.lower())}"{mark}>{e(name.lower())}</option>')
+    return "".join(out)
+
+
+def jobs_filters(wanted: JobFilter) -> str:
+    status = next(iter(wanted.statuses)).name if len(wanted.statuses) == 1 else ""
+    return (
+        '<form method="get" action="/jobs">'
+        f'scope <input name="scope" value="{e(wanted.key.scope)}" size="12"> '
+        f'namespace <input name="namespace" value="{e(wanted.key.namespace)}" size="12"> '
+        f'status <select name="status">{_options(status, (s.name for s in JobStatus))}</select> '
+        f'type <input name="type" value="{e(wanted.type or "")}" size="18"> '
+        f'<input type="hidden" name="size" value="{wanted.size}">'
+        '<button type="submit">Filter</button></form>'
+    )
+
+
+def _pager(
+    base: str, params: dict[str, object], found: Page[object], labels: tuple[str, str]
+) -> str:
+    links = []
+    if found.has_previous:
+        target = url(base, {**params, "page": found.page - 1})
+        links.append(f'<a rel="prev" href="{e(target)}">← {labels[0]}</a>')
+    links.append(f"page {found.page + 1} of {found.pages} ({found.total} in all)")
+    if found.has_next:
+        target = url(base, {**params, "page": found.page + 1})
+        links.append(f'<a rel="next" href="{e(target)}">{labels[1]} →</a>')
+    return f'<p class="pager">{" · ".join(links)}</p>'
+
+
+def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
+    rows = []
+    for job in found.items:
+        p = job.progress
+        failed = p.failed_steps + p.unreachable_steps
+        rows.append(
+            f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
+            f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
+            f'<td class="status">{e(job.status.name)}</td>'
+            f"<td>{bar(done_steps(job), p.total_steps, failed)}</td>"
+            f"<td>{e(when(job.created))}</td>"
+            f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
+        )
+    params: dict[str, object] = {
+        **key_params(wanted.key),
+        "status": ",".join(s.name for s in sorted(wanted.statuses)),
+        "type": wanted.type or "",
+        "size": wanted.size,
+    }
+    table = (
+        "<table><thead><tr><th>id</th><th>type</th><th>status</th><th>progress</th>"
+        "<th>created (UTC)</th><th>age</th></tr></thead><tbody>"
+        + ("".join(rows) or '<tr><td colspan="6" class="muted">no jobs</td></tr>')
+        + "</tbody></table>"
+    )
+    title = f"<h1>Jobs in {e(wanted.key.scope)}/{e(wanted.key.namespace)}</h1>"
+    return title + table + _pager("/jobs", params, found, ("newer", "older"))  # type: ignore[arg-type]
+
+
+def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
+    """Why `action` means nothing for the job now; empty when it may be done."""
+    status = job.status
+    if action in ("stop", "drain"):
+        if action == "drain" and not can_drain:
+            return "this cluster's client has no drain"
+        if not status.is_running:
+            return f"the job is {status.name.lower()}, not running"
+        if job.pending_drain:
+            return "a drain is under way"
+    if action == "resume" and status != JobStatus.STOPPED:
+        return f"only a stopped job resumes; this one is {status.name.lower()}"
+    if action == "remove" and (status.is_terminal or status == JobStatus.REMOVING):
+        return f"the job is {status.name.lower()}: completed jobs are not removed"
+    return ""
+
+
+def actions_form(job: JobState, *, enabled: bool, can_drain: bool, token: str) -> str:
+    if not enabled:
+        return (
+            '<p class="muted">Read-only: start the console with --allow-actions to stop, '
+            "drain, resume or remove jobs.</p>"
+        )
+    buttons = []
+    for action in ACTIONS:
+        why = _action_reason(action, job, can_drain)
+        target = url(path("jobs", job.id, action), key_params(job.key))
+        question = f"{action.capitalize()} job {job.id}?"
+        disabled = f' disabled title="{e(why)}"' if why else ""
+        buttons.append(
+            f'<form class="inline" method="post" action="{e(target)}" '
+            f'data-confirm="{e(question)}" onsubmit="return confirm(this.dataset.confirm)">'
+            f'<input type="hidden" name="token" value="{e(token)}">'
+            f'<button type="submit" name="action" value="{action}"{disabled}>'
+            f"{action.capitalize()}</button></form>"
+        )
+    return '<div class="actions">' + "".join(buttons) + "</div>"
+
+
+def _stage_bar(stage: JobStageProgress) -> str:
+    done = stage.total_steps - stage.remaining_steps
+    return bar(done, stage.total_steps, stage.failed_steps + stage.unreachable_steps)
+
+
+def _facts(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><td>{e(name)}</td><td>{value}</td></tr>" for name, value in rows)
+    return f'<table class="facts">{body}</table>'
+
+
+def job_page(
+    job: JobState,
+    counts: StepCounts,
+    now: datetime,
+    *,
+    actions: str,
+    message: str = "",
+    problem: str = "",
+) -> str:
+    p = job.progress
+    last = job.status_changes[-1].occurred if job.status_changes else job.created
+    ended = job.is_finished
+    elapsed = ((last if ended else now) - job.created).total_seconds()
+    owner = "none (no live activation)"
+    if job.owner is not None:
+        lease = job.owner.lease_expires
+        lease_text = f", lease until {when(lease)} UTC" if lease is not None else ""
+        if lease is not None and lease < now:
+            lease_text += " (expired: recovery may take the job over)"
+        owner = f"{e(job.owner.host)} (activation {job.owner.activation_epoch}{e(lease_text)})"
+    if job.has_stored_step_plan:
+        plan = (
+            f"{p.total_steps} steps, stored apart (incarnation {job.stored_step_plan_incarnation})"
+        )
+    elif job.plan is not None:
+        plan = f"{len(job.plan)} steps, inline in the job record"
+    else:
+        plan = f"{p.total_steps} steps"
+    state = []
+    if job.pending_drain:
+        state.append("draining: running steps finish, no new step starts")
+    if job.status == JobStatus.STOPPED:
+        state.append("stop finished" if job.stop_finalized else "stop under way")
+    if job.status.is_running and job.owner is None:
+        state.append("waiting to be recovered: no controller host owns it")
+    if counts.unreadable:
+        state.append(f"{counts.unreadable} step record(s) cannot be read; it will not resume")
+    request = e(job.request.model_dump_json() if job.request is not None else "")
+    facts = _facts(
+        [
+            ("status", f'<span class="status">{e(job.status.name)}</span>'),
+            ("type", e(job.type)),
+            ("partition", e(job.key)),
+            ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
+            ("created", e(when(job.created)) + " UTC"),
+            ("last change", e(when(last)) + " UTC"),
+            ("running for" if not ended else "ran for", e(duration(elapsed))),
+            ("plan", e(plan)),
+            ("owner host", owner),
+            ("execution generation", str(job.execution_generation)),
+            ("state", e("; ".join(state)) or '<span class="muted">—</span>'),
+            ("details", e(job.details)),
+            ("message", e(p.message)),
+            ("request", f"<code>{request}</code>"),
+        ]
+    )
+    stages = "".join(
+        f"<tr><td>{s.stage}</td><td>{'started' if s.is_started else 'not started'}</td>"
+        f"<td>{_stage_bar(s)}</td>"
+        f'<td class="num">{s.successful_steps}</td><td class="num">{s.failed_steps}</td>'
+        f'<td class="num">{s.unreachable_steps}</td></tr>'
+        for s in p.stages
+    )
+    key = key_params(job.key)
+    count_rows = "".join(
+        f'<tr><td><a href="{e(url(path("jobs", job.id, "steps"), {**key, "status": s.name}))}">'
+        f'{e(s.name.lower())}</a></td><td class="num">{n}</td></tr>'
+        for s, n in sorted(counts.items())
+    )
+    if counts.unreadable:
+        count_rows += f'<tr><td>unreadable</td><td class="num">{counts.unreadable}</td></tr>'
+    history = "".join(
+        f"<tr><td>{e(when(c.occurred))}</td><td>{e(status_name(c.status))}</td>"
+        f"<td>{e('; '.join(c.exception_messages))}"
+        + (
+            f"<details><summary>stack trace</summary><pre>{e(c.exception_stack_trace)}</pre>"
+            "</details>"
+            if c.exception_stack_trace
+            else ""
+        )
+        + "</td></tr>"
+        for c in job.status_changes
+    )
+    notices = ""
+    if message:
+        notices += f'<p class="notice">{e(message)}</p>'
+    if problem:
+        notices += f'<p class="error">{e(problem)}</p>'
+    steps_link = url(path("jobs", job.id, "steps"), key)
+    return (
+        f"<h1>Job <code>{e(job.id)}</code></h1>{notices}{actions}{facts}"
+        "<h2>Stages</h2><table><thead><tr><th>stage</th><th></th><th>progress</th>"
+        "<th>succeeded</th><th>failed</th><th>unreachable</th></tr></thead>"
+        f"<tbody>{stages}</tbody></table>"
+        f'<h2>Steps by status <a href="{e(steps_link)}">(all steps)</a></h2>'
+        f"<table><tbody>{count_rows or '<tr><td class=muted>no step records</td></tr>'}"
+        f"</tbody></table>"
+        "<h2>Status history</h2><table><thead><tr><th>when (UTC)</th><th>status</th>"
+        f"<th>why</th></tr></thead><tbody>{history}</tbody></table>"
+    )
+
+
+def steps_filters(job: JobState, status: str, size: int) -> str:
+    return (
+        f'<form method="get" action="{e(path("jobs", job.id, "steps"))}">'
+        f'<input type="hidden" name="scope" value="{e(job.key.scope)}">'
+        f'<input type="hidden" name="namespace" value="{e(job.key.namespace)}">'
+        f'<input type="hidden" name="size" value="{size}">'
+        'status <select name="status">'
+        f"{_options(status, [FAILED_STEPS, *(s.name for s in STEP_STATUSES)])}"
+        '</select> <button type="submit">Filter</button></form>'
+    )
+
+
+def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datetime) -> str:
+    rows = []
+    for step in found.items:
+        error = ""
+        if step.error is not None and (step.error.messages or step.error.stack_trace):
+            error = f'<div class="step-error">{e("; ".join(step.error.messages))}</div>'
+            if step.error.stack_trace:
+                error += (
+                    "<details><summary>stack trace</summary>"
+                    f"<pre>{e(step.error.stack_trace)}</pre></details>"
+                )
+        last = step.status_changes[-1].occurred if step.status_changes else None
+        host = step.lease.host or step.lease.node if step.lease is not None else ""
+        rows.append(
+            f'<tr data-step="{e(step.id)}"><td><code>{e(step.id)}</code></td>'
+            f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
+            f'<td class="status">{e(step.status.name)}</td><td class="num">{step.attempt}</td>'
+            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
+            f"<td>{e(when(last))}</td><td>{e(host)}</td><td>{error}</td></tr>"
+        )
+    params: dict[str, object] = {
+        **key_params(job.key),
+        "status": status,
+        "size": found.size,
+    }
+    base = path("jobs", job.id, "steps")
+    return (
+        f'<h1>Steps of <a href="{e(job_link(job.id, job.key))}"><code>{e(job.id)}</code></a>'
+        f' <span class="status">{e(job.status.name)}</span></h1>'
+        "<table><thead><tr><th>id</th><th>name</th><th>type</th><th>stage</th><th>status</th>"
+        "<th>attempt</th><th>progress</th><th>last change (UTC)</th><th>host</th>"
+        "<th>error</th></tr></thead><tbody>"
+        + ("".join(rows) or '<tr><td colspan="10" class="muted">no steps</td></tr>')
+        + "</tbody></table>"
+        + _pager(base, params, found, ("previous", "next"))  # type: ignore[arg-type]
+    )
+
+
+def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "") -> str:
+    if snapshot is None:
+        why = f" ({e(problem)})" if problem else ""
+        return (
+            '<h1>Cluster</h1><p class="error">Not connected to a cluster'
+            f"{why}: this console reads the storage {e(source)} only. Start it without "
+            "--storage (or with --address) to see the nodes, hosts and live activations.</p>"
+        )
+    rows = []
+    for node in snapshot.nodes:
+        roles = ", ".join(
+            r for r, on in (("controller", node.controller), ("worker", node.worker)) if on
+        )
+        hosts = "<br>".join(
+            f"<code>{e(h.name)}</code> ({e(h.role)}"
+            + (f", {h.active_runs} live step activations" if h.active_runs is not None else "")
+            + (f", max {h.max_parallel_steps} in parallel" if h.max_parallel_steps else "")
+            + (f", {e(h.problem)}" if h.problem else "")
+            + ")"
+            for h in node.hosts
+        )
+        rows.append(
+            f"<tr><td><code>{e(node.node_id[:12])}</code></td><td>{e(node.hostname)}</td>"
+            f"<td>{e(node.address)}</td><td>{'alive' if node.alive else 'dead'}</td>"
+            f'<td>{e(roles) or "—"}</td><td class="num">{node.cpus:g}</td><td>{hosts}</td></tr>'
+        )
+    return (
+        f'<h1>Cluster <span class="muted">(Ray namespace {e(snapshot.namespace)})</span></h1>'
+        "<table><thead><tr><th>node</th><th>host name</th><th>address</th><th>state</th>"
+        "<th>roles</th><th>CPUs</th><th>hosts</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+        f"<h2>Job modules</h2><p>{e(', '.join(snapshot.modules)) or '—'}</p>"
+        f"<h2>Job types</h2><p>{e(', '.join(snapshot.job_types)) or '—'}</p>"
+    )
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,105 @@
+"""What the console asks of the cluster: job actions and a picture of its nodes and hosts.
+
+Both are small ports, so the console runs (and is tested) against storage alone, against an
+in-process cluster, or against Ray (`console.ray_cluster`): the app never imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..jobs.state import JobKey
+
+ACTIONS = ("stop", "drain", "resume", "remove")
+"""Every action the console offers, in the order its buttons show."""
+
+
+class JobActions(Protocol):
+    """Stop, drain, resume and remove a job; each answers a short line on success."""
+
+    @property
+    def can_drain(self) -> bool:
+        """Whether `drain` is there: a stop that lets running steps finish."""
+        ...
+
+    async def run(self, action: str, key: JobKey, job_id: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class HostView:
+    name: str
+    role: str
+    """"controller" or "worker"."""
+    active_runs: int | None = None
+    """Live step activations (worker hosts), when the host answered."""
+    max_parallel_steps: int | None = None
+    problem: str = ""
+    """Why the host's figures are missing (it did not answer in time, say)."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node_id: str
+    address: str
+    hostname: str
+    alive: bool
+    controller: bool
+    worker: bool
+    cpus: float
+    hosts: list[HostView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    nodes: list[NodeView]
+    modules: list[str]
+    """Job modules every host imports."""
+    job_types: list[str]
+    """Job types those modules register."""
+    namespace: str
+
+
+class ClusterView(Protocol):
+    async def snapshot(self) -> ClusterSnapshot: ...
+
+
+def _message(action: str, answer: Any) -> str:
+    name = getattr(answer, "name", None)
+    return f"{action}: {name}" if isinstance(name, str) else f"{action}: requested"
+
+
+class ManagerActions:
+    """Actions on an engine's managers, in this event loop: an `InProcessCluster` or anything
+    with `manager(key)` (tests, and users trying the console on their own jobs)."""
+
+    can_drain = False
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    async def run(self, action: str, key: JobKey, job_id: str) -> str:
+        if action not in ACTIONS or (action == "drain" and not self.can_drain):
+            raise ValueError(f"unknown action {action!r}")
+        answer = await getattr(self.cluster.manager(key), action)(job_id)
+        return _message(action, answer)
+
+
+class ClientActions:
+    """Actions through a `Jobs` client (blocking calls, run in threads). Drain is offered
+    only when the client has it."""
+
+    def __init__(self, jobs: Any) -> None:
+        self.jobs = jobs
+
+    @property
+    def can_drain(self) -> bool:
+        return callable(getattr(self.jobs, "drain", None))
+
+    async def run(self, action: str, key: JobKey, job_id: str) -> str:
+        if action not in ACTIONS or (action == "drain" and not self.can_drain):
+            raise ValueError(f"unknown action {action!r}")
+        call = getattr(self.jobs, action)
+        answer = await asyncio.to_thread(call, job_id, scope=key.scope, namespace=key.namespace)
+        return _message(action, answer)

@@ -1,0 +1,221 @@
+"""The console over HTTP, against an in-process cluster: pages, filters, paging, escaping,
+and actions behind --allow-actions and the form token."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from choreography_ray.jobs import JobStatus
+
+from ..engine import fixtures
+from ..engine.fixtures import ScenarioJob, request
+from .harness import ConsoleHarness
+
+
+@pytest.fixture
+def console() -> Iterator[ConsoleHarness]:
+    with ConsoleHarness() as harness:
+        yield harness
+
+
+def get(harness: ConsoleHarness, target: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(harness.url + target, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def post(harness: ConsoleHarness, target: str, form: dict[str, str]) -> tuple[int, str]:
+    opener = urllib.request.build_opener(_NoRedirect)
+    data = urllib.parse.urlencode(form).encode()
+    try:
+        with opener.open(harness.url + target, data=data, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Location", "") or error.read().decode()
+
+
+def token_of(page: str) -> str:
+    match = re.search(r'name="token" value="([^"]+)"', page)
+    assert match, "the page has no action form"
+    return match.group(1)
+
+
+def start(harness: ConsoleHarness, *keys: str, job_id: str | None = None) -> str:
+    result = harness.run(harness.cluster.start(ScenarioJob, request(*keys), job_id=job_id))
+    assert result.succeeded, result
+    harness.run(harness.cluster.settle())
+    return result.job_id
+
+
+def job_ids_in(page: str) -> list[str]:
+    return re.findall(r'<tr data-job="([^"]+)">', page)
+
+
+def test_jobs_are_listed_newest_first_in_pages(console):
+    for n in range(5):
+        start(console, "a", job_id=f"job-{n}")
+    status, first = get(console, "/jobs?size=2")
+    assert status == 200
+    assert job_ids_in(first) == ["job-4", "job-3"]
+    assert "page 1 of 3 (5 in all)" in first and 'rel="next"' in first
+    assert 'rel="prev"' not in first
+    _, last = get(console, "/jobs?size=2&page=2")
+    assert job_ids_in(last) == ["job-0"]
+    assert 'rel="next"' not in last and 'rel="prev"' in last
+
+
+def test_jobs_are_filtered_by_status_type_and_partition(console):
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    running = start(console, "slow", job_id="running-job")
+    start(console, "a", job_id="done-job")
+    _, page = get(console, "/jobs?status=running")
+    assert job_ids_in(page) == [running]
+    _, page = get(console, "/jobs?status=completed-successfully&type=scenario.job")
+    assert job_ids_in(page) == ["done-job"]
+    _, page = get(console, "/jobs?type=no.such.type")
+    assert job_ids_in(page) == [] and "no jobs" in page
+    _, page = get(console, "/jobs?scope=elsewhere")
+    assert job_ids_in(page) == []
+    fixtures.SCRIPT.release("slow")  # the in-process cluster's run ends as the test does
+
+
+@pytest.mark.parametrize(
+    ("target", "code", "message"),
+    [
+        ("/jobs?status=bogus", 400, "unknown status &#x27;bogus&#x27;"),
+        ("/jobs?page=x", 400, "page must be a whole number"),
+        ("/jobs?page=-1", 400, "page must be 0 or more"),
+        ("/jobs?size=100000", 400, "page size must be between 1 and 500"),
+        ("/jobs?scope=%20", 400, "scope"),
+        ("/jobs/no-such-job", 404, "no job with id &#x27;no-such-job&#x27;"),
+        ("/jobs/no-such-job/steps", 404, "no job with id"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_page(console, target, code, message):
+    status, page = get(console, target)
+    assert status == code
+    assert message in page
+    assert "Traceback" not in page
+
+
+def test_a_job_page_shows_stages_counts_history_and_owner(console):
+    fixtures.SCRIPT.behaviour["b"].block = True
+    job_id = start(console, "a", "b", job_id="two-steps")
+    status, page = get(console, f"/jobs/{job_id}")
+    assert status == 200
+    assert '<span class="status">RUNNING</span>' in page
+    assert 'aria-valuenow="1" aria-valuemax="2"' in page  # one of two steps done
+    assert "completed_successfully" in page and "running" in page  # step counts
+    assert "owner host" in page and "activation" in page
+    assert "PREPARING_JOB" in page  # the status history
+    assert 'data-live="1"' in page  # refreshed while it runs
+    fixtures.SCRIPT.release("b")
+    console.run(console.cluster.settle())
+    _, page = get(console, f"/jobs/{job_id}")
+    assert 'data-live="0"' in page and "COMPLETED_SUCCESSFULLY" in page
+
+
+def test_a_failed_steps_error_and_stack_trace_are_shown(console):
+    fixtures.SCRIPT.behaviour["bad"].raise_error = True
+    fixtures.SCRIPT.retry = False
+    job_id = start(console, "good", "bad")
+    _, page = get(console, f"/jobs/{job_id}/steps?status=failed")
+    assert "step bad broke" in page
+    assert "RuntimeError" in page and "<summary>stack trace</summary>" in page
+    assert 'data-step="' in page and "good" not in re.sub(r"<[^>]+>", " ", page).split()
+
+
+def test_steps_are_paged(console):
+    keys = [f"k{n:02d}" for n in range(7)]
+    job_id = start(console, *keys)
+    _, first = get(console, f"/jobs/{job_id}/steps?size=3")
+    _, last = get(console, f"/jobs/{job_id}/steps?size=3&page=2")
+    assert "page 1 of 3 (7 in all)" in first
+    assert first.count("<tr data-step=") == 3 and last.count("<tr data-step=") == 1
+
+
+def test_user_text_is_escaped(console):
+    job_id = start(console, "<script>alert(1)</script>", job_id="<b>job</b>")
+    for target in ("/jobs", f"/jobs/{urllib.parse.quote(job_id, safe='')}"):
+        _, page = get(console, target)
+        assert "<b>job</b>" not in page and "&lt;b&gt;job&lt;/b&gt;" in page
+        assert "<script>alert(1)" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the request, as text
+
+
+def test_a_live_page_answers_its_changing_part_alone(console):
+    start(console, "a")
+    _, part = get(console, "/jobs?fragment=1")
+    assert part.startswith('<main id="main"') and part.endswith("</main>")
+    assert "<footer>" not in part
+
+
+def test_actions_need_the_form_token(console):
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    job_id = start(console, "slow")
+    status, _ = post(console, f"/jobs/{job_id}/stop", {"token": "forged"})
+    assert status == 403
+    status, _ = post(console, f"/jobs/{job_id}/stop", {})
+    assert status == 403
+    console.run(console.cluster.settle())
+    assert console.run(console.cluster.manager().get(job_id)).status == JobStatus.RUNNING
+
+    _, page = get(console, f"/jobs/{job_id}")
+    status, location = post(console, f"/jobs/{job_id}/stop", {"token": token_of(page)})
+    assert status == 303 and "done=stop" in location
+    console.run(console.cluster.settle())
+    assert console.run(console.cluster.manager().get(job_id)).status == JobStatus.STOPPED
+
+
+def test_buttons_of_meaningless_actions_are_disabled():
+    with ConsoleHarness() as console:
+        job_id = start(console, "a")
+        _, page = get(console, f"/jobs/{job_id}")
+    buttons = dict(re.findall(r'<button type="submit" name="action" value="(\w+)"([^>]*)>', page))
+    assert set(buttons) == {"stop", "drain", "resume", "remove"}
+    assert all("disabled" in attributes for attributes in buttons.values())  # completed
+
+
+def test_a_read_only_console_offers_and_accepts_no_action():
+    with ConsoleHarness(allow_actions=False) as console:
+        fixtures.SCRIPT.behaviour["slow"].block = True
+        job_id = start(console, "slow")
+        _, page = get(console, f"/jobs/{job_id}")
+        assert "Read-only" in page and "<button" not in page.split("<main", 1)[1]
+        status, _ = post(console, f"/jobs/{job_id}/stop", {"token": "anything"})
+        assert status == 403
+        assert console.run(console.cluster.manager().get(job_id)).status == JobStatus.RUNNING
+        fixtures.SCRIPT.release("slow")
+
+
+def test_without_a_cluster_the_cluster_page_says_so(console):
+    status, page = get(console, "/cluster")
+    assert status == 200 and "Not connected to a cluster" in page
+
+
+def test_the_footer_says_the_console_binds_to_loopback(console):
+    _, page = get(console, "/jobs")
+    assert "binds to the loopback interface" in page
+
+
+def test_the_console_app_does_not_import_ray():
+    code = "import sys, choreography_ray.console; print('ray' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False"
