@@ -69,8 +69,9 @@ table{border-collapse:collapse;background:#fff;width:100%}
 th,td{border-bottom:1px solid #d0d7de;padding:.25em .5em;text-align:left;vertical-align:top}
 td.num{text-align:right}
 code,pre{font-family:ui-monospace,monospace;font-size:12px}
-pre{white-space:pre-wrap;background:#fff;border:1px solid #d0d7de;padding:.5em;
-  max-height:20em;overflow:auto}
+pre{white-space:pre;background:#fff;border:1px solid #d0d7de;padding:.5em;
+  max-height:20em;max-width:48em;overflow:auto}
+td.trace{max-width:40em;overflow-wrap:anywhere}
 .bar{display:inline-flex;width:10em;height:.8em;background:#d0d7de;border-radius:3px;
   overflow:hidden;vertical-align:middle}
 .bar .ok{background:#2da44e}.bar .bad{background:#cf222e}
@@ -83,7 +84,7 @@ button{margin-right:.5em}
 
 SCRIPT = """
 (function () {
-  var every = %d;
+  var every = %d, last = null;
   if (!every) { return; }
   function tick() {
     var main = document.getElementById("main");
@@ -93,7 +94,8 @@ SCRIPT = """
     fetch(target, {headers: {"Accept": "text/html"}})
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (text) {
-        if (text !== null) { main.outerHTML = text; }
+        // Replaced only when it changed, so a button is not swapped under the pointer.
+        if (text !== null && text !== last) { last = text; main.outerHTML = text; }
       })
       .catch(function () {})
       .then(function () { setTimeout(tick, every); });

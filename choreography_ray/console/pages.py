@@ -16,6 +16,11 @@ from .html import bar, duration, e, key_params, path, url, when
 from .ports import ACTIONS, ClusterSnapshot
 from .reader import FAILED_STEPS, JobFilter, Page
 
+_NO_STAGES = (
+    '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
+    "finished without keeping them</td></tr>"
+)
+
 STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
 
 
@@ -161,12 +166,12 @@ def job_page(
     last = job.status_changes[-1].occurred if job.status_changes else job.created
     ended = job.is_finished
     elapsed = ((last if ended else now) - job.created).total_seconds()
-    owner = "none (no live activation)"
+    owner = '<span class="muted">none recorded</span>'
     if job.owner is not None:
         lease = job.owner.lease_expires
         lease_text = f", lease until {when(lease)} UTC" if lease is not None else ""
         if lease is not None and lease < now:
-            lease_text += " (expired: recovery may take the job over)"
+            lease_text += " (expired)"
         owner = f"{e(job.owner.host)} (activation {job.owner.activation_epoch}{e(lease_text)})"
     if job.has_stored_step_plan:
         plan = (
@@ -181,8 +186,10 @@ def job_page(
         state.append("draining: running steps finish, no new step starts")
     if job.status == JobStatus.STOPPED:
         state.append("stop finished" if job.stop_finalized else "stop under way")
-    if job.status.is_running and job.owner is None:
-        state.append("waiting to be recovered: no controller host owns it")
+    if job.status.is_running and job.owner is not None:
+        lease = job.owner.lease_expires
+        if lease is not None and lease < now:
+            state.append("owner's lease expired: the next sweep or call recovers it")
     if counts.unreadable:
         state.append(f"{counts.unreadable} step record(s) cannot be read; it will not resume")
     request = e(job.request.model_dump_json() if job.request is not None else "")
@@ -241,7 +248,7 @@ def job_page(
         f"<h1>Job <code>{e(job.id)}</code></h1>{notices}{actions}{facts}"
         "<h2>Stages</h2><table><thead><tr><th>stage</th><th></th><th>progress</th>"
         "<th>succeeded</th><th>failed</th><th>unreachable</th></tr></thead>"
-        f"<tbody>{stages}</tbody></table>"
+        f"<tbody>{stages or _NO_STAGES}</tbody></table>"
         f'<h2>Steps by status <a href="{e(steps_link)}">(all steps)</a></h2>'
         f"<table><tbody>{count_rows or '<tr><td class=muted>no step records</td></tr>'}"
         f"</tbody></table>"
@@ -280,7 +287,7 @@ def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datet
             f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
             f'<td class="status">{e(step.status.name)}</td><td class="num">{step.attempt}</td>'
             f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
-            f"<td>{e(when(last))}</td><td>{e(host)}</td><td>{error}</td></tr>"
+            f'<td>{e(when(last))}</td><td>{e(host)}</td><td class="trace">{error}</td></tr>'
         )
     params: dict[str, object] = {
         **key_params(job.key),

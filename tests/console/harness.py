@@ -27,9 +27,14 @@ class ConsoleHarness:
     """`with ConsoleHarness() as h:` serves the console at `h.url` over a fresh in-process
     cluster (`h.cluster`); `h.run(coro)` and `h.call(fn)` run on the server's loop."""
 
-    def __init__(self, *, allow_actions: bool = True, refresh_seconds: float = 0.3) -> None:
+    def __init__(
+        self, *, allow_actions: bool = True, refresh_seconds: float = 0.3, page_size: int = 50
+    ) -> None:
         self.settings = ConsoleSettings(
-            allow_actions=allow_actions, refresh_seconds=refresh_seconds, source="memory://"
+            allow_actions=allow_actions,
+            refresh_seconds=refresh_seconds,
+            source="memory://",
+            page_size=page_size,
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

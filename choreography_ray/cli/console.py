@@ -1,0 +1,101 @@
+"""`choreography console`: the web console, over the cluster on this machine or a storage URL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+
+from ..runtime.constants import NAMESPACE
+from .common import AddressOption, StorageOption, app, console, errors, guard
+
+EXIT_USAGE = 2
+
+
+@app.command("console")
+def console_command(
+    storage: StorageOption = None,
+    address: AddressOption = None,
+    host: Annotated[
+        str, typer.Option(help="Interface to listen on; the default is this machine only.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8266,
+    allow_actions: Annotated[
+        bool,
+        typer.Option(
+            "--allow-actions", help="Offer stop, drain, resume and remove (needs a cluster)."
+        ),
+    ] = False,
+    module: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--module", "-m", help="A module that defines job types (storage only; repeatable)."
+        ),
+    ] = None,
+    refresh: Annotated[
+        float, typer.Option(min=0, help="Seconds between live refreshes (0: off).")
+    ] = 2.0,
+) -> None:
+    """Serve the web console: jobs, one job, its steps, and the cluster.
+
+    It joins the cluster on this machine and reads the cluster's storage.
+
+    With --storage alone it reads that storage and needs no Ray (read-only).
+
+    Example: choreography console --allow-actions, then open http://127.0.0.1:8266
+    """
+    from ..console import ConsoleSettings, console_app, serve
+    from ..storage.url import redact
+
+    if storage is not None and address is None:
+        if allow_actions:
+            errors.print(
+                "[red]error:[/red] --allow-actions needs a cluster: add --address "
+                "(actions go through the cluster's hosts, never straight to storage)",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_USAGE)
+        provider, source, extras = guard(lambda: _storage_only(storage, module or []))
+    else:
+        provider, source, extras = guard(lambda: _on_cluster(storage, address or "auto"))
+    settings = ConsoleSettings(
+        allow_actions=allow_actions,
+        refresh_seconds=refresh,
+        bound=f"{host}:{port}",
+        source=redact(source),
+    )
+    web_app = console_app(provider, settings=settings, **extras)
+    mode = "actions on" if allow_actions else "read-only"
+
+    def listening(where: str) -> None:
+        console.print(f"console: {where} ({mode}); Ctrl-C stops it", highlight=False)
+
+    try:
+        guard(lambda: asyncio.run(serve(web_app, host, port, listening=listening)))
+    except KeyboardInterrupt:
+        console.print("console stopped")
+
+
+def _storage_only(storage: str, modules: list[str]) -> tuple[Any, str, dict[str, Any]]:
+    from ..jobs.errors import ConfigurationError
+    from ..runtime.config import import_modules
+    from ..storage import open_storage
+
+    _, failed = import_modules(modules)
+    if failed:
+        raise ConfigurationError(f"cannot import job modules: {'; '.join(failed)}")
+    return open_storage(storage), storage, {}
+
+
+def _on_cluster(storage: str | None, address: str) -> tuple[Any, str, dict[str, Any]]:
+    from ..console import ClientActions
+    from ..console.ray_cluster import RayClusterView, cluster_storage
+    from ..runtime import Jobs
+    from ..runtime.connection import init_ray
+
+    init_ray(address, NAMESPACE)
+    provider, config = cluster_storage(NAMESPACE, storage)
+    extras = {"actions": ClientActions(Jobs(NAMESPACE)), "cluster": RayClusterView(NAMESPACE)}
+    return provider, config.storage, extras

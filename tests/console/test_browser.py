@@ -1,0 +1,239 @@
+"""The console in a real browser: headless Chromium (Debian's package) driven by Selenium,
+against an in-process cluster whose steps the test releases one by one.
+
+Skipped only when Chromium or its driver is not installed; `.ci/run` installs them and fails
+when these tests did not run. With CHOREOGRAPHY_SCREENSHOTS=1 the run also writes the
+screenshots of docs/console.md into docs/images/ (off by default, so a test run leaves the
+tree as it was).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from choreography_ray.jobs import JobStatus
+
+from ..engine import fixtures
+from ..engine.fixtures import ScenarioJob, request
+from .harness import ConsoleHarness
+
+CHROMIUM = os.environ.get("CHOREOGRAPHY_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CHOREOGRAPHY_CHROMEDRIVER", "/usr/bin/chromedriver")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
+WAIT = 20.0
+"""Seconds the browser may take to show what a test waits for."""
+
+pytestmark = pytest.mark.skipif(
+    not (Path(CHROMIUM).exists() and shutil.which(CHROMEDRIVER)),
+    reason=f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)",
+)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,860",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def console() -> Iterator[ConsoleHarness]:
+    with ConsoleHarness(refresh_seconds=0.2, page_size=5) as harness:
+        yield harness
+
+
+def until(driver: Any, condition: Any, what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(condition, what)
+
+
+def main_text(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, "main").text
+
+
+def shows(text: str) -> Any:
+    def check(driver: Any) -> bool:
+        try:
+            return text in main_text(driver)
+        except Exception:  # the live part was being replaced
+            return False
+
+    return check
+
+
+def screenshot(driver: Any, name: str) -> None:
+    if os.environ.get("CHOREOGRAPHY_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SCREENSHOTS / name))
+
+
+def start(console: ConsoleHarness, *keys: str, job_id: str | None = None) -> str:
+    result = console.run(console.cluster.start(ScenarioJob, request(*keys), job_id=job_id))
+    assert result.succeeded, result
+    console.run(console.cluster.settle())
+    return result.job_id
+
+
+def release(console: ConsoleHarness, *keys: str) -> None:
+    console.call(fixtures.SCRIPT.release, *keys)
+
+
+def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, console):
+    from selenium.webdriver.common.by import By
+
+    keys = ["a", "b", "c", "d"]
+    for key in keys:
+        fixtures.SCRIPT.behaviour[key].block = True
+    start(console, "x", job_id="rebuild-index-finished")
+    result = console.run(
+        console.cluster.start(
+            ScenarioJob, request(*keys, stages={"c": 1, "d": 1}), job_id="rebuild-index"
+        )
+    )
+    job_id = result.job_id
+    browser.get(f"{console.url}/jobs")
+    until(browser, shows("0/4"), "the running job at 0 of 4")
+    release(console, "a", "b")
+    until(browser, shows("2/4"), "progress advancing to 2 of 4 without a reload")
+    screenshot(browser, "console-jobs.png")
+
+    click(browser, By.LINK_TEXT, job_id)
+    until(browser, shows(f"Job {job_id}"), "the job's page")
+    assert "started" in main_text(browser) and "2/2" in main_text(browser)  # stage 0 done
+    screenshot(browser, "console-job.png")
+    release(console, "c", "d")
+    until(browser, shows("4/4"), "the job's page following it to 4 of 4")
+    until(browser, shows("COMPLETED_SUCCESSFULLY"), "the job completed")
+    assert console.run(console.cluster.manager().get(job_id)).status == (
+        JobStatus.COMPLETED_SUCCESSFULLY
+    )
+
+
+def test_open_a_job_and_page_through_its_steps_to_a_failed_one(browser, console):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    fixtures.SCRIPT.behaviour["shard-07"].raise_error = True
+    fixtures.SCRIPT.retry = False
+    keys = [f"shard-{n:02d}" for n in range(12)]
+    job_id = start(console, *keys, job_id="reindex-products")
+    browser.get(f"{console.url}/jobs")
+    click(browser, By.LINK_TEXT, job_id)
+    until(browser, shows(f"Job {job_id}"), "the job's page")
+    assert "COMPLETED_WITH_FAILURES" in main_text(browser)
+    assert "completed_with_failure" in main_text(browser)  # its step counts
+
+    click(browser, By.PARTIAL_LINK_TEXT, "all steps")
+    seen = []
+    for page in (1, 2, 3):  # step ids are random: the failed one is on any page
+        if page > 1:
+            click(browser, By.PARTIAL_LINK_TEXT, "next")
+        until(browser, shows(f"page {page} of 3 (12 in all)"), f"page {page} of the steps")
+        seen.append(main_text(browser))
+    assert sum("step shard-07 broke" in text for text in seen) == 1
+    assert sum(text.count("scenario.key-step") for text in seen) == 12
+
+    Select(browser.find_element(By.NAME, "status")).select_by_value("failed")
+    browser.find_element(By.XPATH, "//button[text()='Filter']").click()
+    until(browser, shows("page 1 of 1 (1 in all)"), "only the failed step")
+    screenshot(
+        browser, "console-steps.png"
+    )  # before the trace opens: it names this machine's paths
+    click(browser, By.TAG_NAME, "summary")
+    until(browser, shows("Traceback (most recent call last)"), "the stack trace, opened")
+
+
+def test_a_script_in_a_request_renders_as_text(browser, console):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    job_id = start(
+        console, "<script>alert('owned')</script>", job_id="<img src=x onerror=alert(1)>"
+    )
+    browser.get(f"{console.url}/jobs")
+    until(browser, shows("<img src=x onerror=alert(1)>"), "the job id, as text")
+    browser.get(browser.current_url.split("/jobs")[0] + "/jobs/" + _quoted(job_id))
+    until(browser, shows("<script>alert('owned')</script>"), "the request, as text")
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018 - reading it is the check
+    assert browser.execute_script("return document.querySelectorAll('main script').length") == 0
+
+
+def test_stop_and_resume_a_job_from_its_page(browser, console):
+    from selenium.webdriver.common.by import By
+
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    job_id = start(console, "slow", "quick")
+    browser.get(f"{console.url}/jobs/{job_id}")
+    until(browser, shows("RUNNING"), "the running job")
+    assert not _button(browser, "resume").is_enabled()  # meaningless while it runs
+
+    click(browser, By.CSS_SELECTOR, "button[value='stop']")
+    browser.switch_to.alert.dismiss()  # changed their mind: nothing happens
+    console.run(console.cluster.settle())
+    assert console.run(console.cluster.manager().get(job_id)).status == JobStatus.RUNNING
+
+    click(browser, By.CSS_SELECTOR, "button[value='stop']")
+    browser.switch_to.alert.accept()
+    until(browser, shows("stop: requested"), "the stop's notice")
+    until(browser, shows("STOPPED"), "the stopped job")
+    until(browser, lambda d: _button(d, "resume").is_enabled(), "resume offered")
+    assert not _button(browser, "stop").is_enabled()
+
+    release(console, "slow")
+    click(browser, By.CSS_SELECTOR, "button[value='resume']")
+    browser.switch_to.alert.accept()
+    until(browser, shows("resume: requested"), "the resume's notice")
+    until(browser, shows("COMPLETED_SUCCESSFULLY"), "the resumed job completing")
+    assert browser.find_element(By.ID, "main").get_attribute("data-live") == "0"
+
+
+def _button(driver: Any, action: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f"button[value='{action}']")
+
+
+def click(driver: Any, by: str, value: str) -> None:
+    """Click what `by`/`value` finds, again if live refresh replaced it meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked(driver: Any) -> bool:
+        try:
+            driver.find_element(by, value).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    until(driver, clicked, f"a click on {value}")
+
+
+def _quoted(job_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(job_id, safe="")

@@ -1,0 +1,73 @@
+"""The pages as pure functions of what storage holds: the states a job can be in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from choreography_ray.console import pages
+from choreography_ray.jobs.state import JobOwner, JobProgress, JobStageProgress, JobState
+from choreography_ray.jobs.status import JobStatus, JobStepStatus
+from choreography_ray.storage.protocols import StepCounts
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def job(**fields: object) -> JobState:
+    values: dict[str, object] = {
+        "id": "j1",
+        "type": "rebuild-index",
+        "status": JobStatus.RUNNING,
+        "created": NOW - timedelta(minutes=5),
+        "progress": JobProgress(
+            total_steps=10,
+            successful_steps=4,
+            stages=[JobStageProgress(stage=0, is_started=True, total_steps=10, successful_steps=4)],
+        ),
+    }
+    values.update(fields)
+    return JobState.model_validate(values)
+
+
+def render(state: JobState, counts: StepCounts | None = None) -> str:
+    return pages.job_page(state, counts or StepCounts(), NOW, actions="")
+
+
+def test_the_owner_host_its_activation_and_lease_are_shown():
+    lease = NOW + timedelta(seconds=40)
+    page = render(job(owner=JobOwner(host="controller-7", activation_epoch=3, lease_expires=lease)))
+    assert "controller-7 (activation 3, lease until 2026-05-01 12:00:40 UTC)" in page
+    assert "lease expired" not in page
+
+
+def test_an_expired_lease_of_a_running_job_says_recovery_takes_it_over():
+    lease = NOW - timedelta(seconds=1)
+    page = render(job(owner=JobOwner(host="gone", activation_epoch=1, lease_expires=lease)))
+    assert "(expired)" in page and "recovers it" in page
+
+
+def test_a_drain_a_stop_under_way_and_unreadable_steps_are_stated():
+    assert "draining" in render(job(pending_drain=True))
+    assert "stop under way" in render(job(status=JobStatus.STOPPED))
+    assert "stop finished" in render(job(status=JobStatus.STOPPED, stop_finalized=True))
+    page = render(job(), StepCounts({JobStepStatus.RUNNING: 2}, unreadable=3))
+    assert "3 step record(s) cannot be read" in page and "unreadable" in page
+
+
+def test_a_job_shows_its_plan_size_timing_and_stage_bars():
+    page = render(job(has_stored_step_plan=True, stored_step_plan_incarnation=2))
+    assert "10 steps, stored apart (incarnation 2)" in page
+    assert "running for" in page and "5m 00s" in page
+    assert 'aria-valuenow="4" aria-valuemax="10"' in page
+
+
+def test_actions_are_disabled_where_the_state_makes_them_meaningless():
+    def enabled(state: JobState, can_drain: bool = True) -> set[str]:
+        form = pages.actions_form(state, enabled=True, can_drain=can_drain, token="t")
+        return {a for a in ("stop", "drain", "resume", "remove") if f'value="{a}">' in form}
+
+    assert enabled(job()) == {"stop", "drain", "remove"}
+    assert enabled(job(), can_drain=False) == {"stop", "remove"}
+    assert enabled(job(pending_drain=True)) == {"remove"}
+    assert enabled(job(status=JobStatus.STOPPED)) == {"resume", "remove"}
+    assert enabled(job(status=JobStatus.COMPLETED_SUCCESSFULLY)) == set()
+    assert enabled(job(status=JobStatus.REMOVING)) == set()
