@@ -40,6 +40,7 @@ class ConsoleHarness:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.url = ""
         self.cluster: InProcessCluster
+        self.app: Any = None
         self._stop: asyncio.Event
         self._served: Future[None]
 
@@ -61,7 +62,7 @@ class ConsoleHarness:
         self._stop = asyncio.Event()
 
     async def _serve(self, listening: Future[str]) -> None:
-        app = create_app(
+        self.app = app = create_app(
             JobsReader(self.cluster.provider),
             settings=self.settings,
             actions=ManagerActions(self.cluster),
