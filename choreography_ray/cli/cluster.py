@@ -27,7 +27,10 @@ from .common import (
 
 @app.command()
 def options(config: ConfigOption = None) -> None:
-    """Show the effective job options: defaults, then the file, then CHOREOGRAPHY_* variables."""
+    """Show the effective job options: defaults, then the file, then CHOREOGRAPHY_* variables.
+
+    Example: choreography options --config jobs.toml
+    """
     loaded = guard(lambda: JobsOptions.load(config))
     table = Table("setting", "value", "source")
     env_values = JobsOptions.from_env()
@@ -46,7 +49,10 @@ def storage_check(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
 ) -> None:
-    """Open the store, create its schema if needed, and count the jobs of one partition."""
+    """Open the store, create its schema if needed, and count the jobs of one partition.
+
+    Example: choreography storage check --storage sqlite:///.choreography/jobs.db
+    """
     from ..runtime.config import DEFAULT_STORAGE
     from ..storage import JobQuery, open_storage
 
@@ -77,7 +83,10 @@ def up(
         int, typer.Option(help="Worker host processes per worker node (cores to use).")
     ] = 1,
 ) -> None:
-    """Start the host actors on a running Ray cluster, with its storage and options."""
+    """Start the host actors on a running Ray cluster, with its storage and options.
+
+    Example: choreography up --storage postgresql+psycopg://jobs@db:5432/jobs -m mypackage.jobs
+    """
 
     def start() -> tuple[list[str], list[str]]:
         from ..runtime.constants import ACTOR_PREFIX, NAMESPACE
@@ -98,7 +107,10 @@ def up(
 
 @app.command()
 def down(address: AddressOption = "auto") -> None:
-    """Stop the host actors of a cluster; jobs stay in storage and resume on the next `up`."""
+    """Stop the host actors of a cluster; jobs stay in storage and resume on the next `up`.
+
+    Example: choreography down --address 127.0.0.1:6379
+    """
 
     def stop() -> list[str]:
         from ..runtime import stop_hosts

@@ -15,7 +15,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from ..jobs.errors import ChoreographyError, JobNotFoundError
+from ..jobs.errors import (
+    ChoreographyError,
+    ClusterAuthenticationError,
+    ClusterUnreachableError,
+    ConfigurationError,
+    JobNotFoundError,
+    JobOperationError,
+    StorageUnavailableError,
+)
 from ..jobs.options import JobsOptions
 from ..storage.retry import one_line
 from ..storage.url import redact
@@ -25,14 +33,18 @@ ADDRESS_ENV = "CHOREOGRAPHY_ADDRESS"
 CONFIG_ENV = "CHOREOGRAPHY_CONFIG"
 DEBUG_ENV = "CHOREOGRAPHY_DEBUG"
 
-EXIT_ERROR = 1
-"""An error the user can act on: unreachable, refused, a bad value."""
+EXIT_FAILED = 1
+"""The job ended failed (`jobs watch`), or it refused the operation, or a wait timed out."""
+EXIT_USAGE = 2
+"""The command was used wrongly: an unknown option, a bad value, id, status or URL."""
 EXIT_NOT_FOUND = 3
 """No job has the id given."""
+EXIT_UNREACHABLE = 4
+"""The cluster or the storage cannot be reached (or refuses this process's token)."""
 
 T = TypeVar("T")
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Durable jobs on Ray.")
+app = typer.Typer(no_args_is_help=True, help="Durable jobs on Ray.")
 storage_app = typer.Typer(no_args_is_help=True, help="Inspect and prepare job storage.")
 jobs_app = typer.Typer(no_args_is_help=True, help="List, watch, stop, resume and remove jobs.")
 app.add_typer(storage_app, name="storage")
@@ -77,8 +89,26 @@ def fail(error: BaseException) -> typer.Exit:
     if not isinstance(error, ChoreographyError | ValueError | OSError | TimeoutError):
         message = f"{type(error).__name__}: {message} (--debug shows the traceback)"
     errors.print(f"[red]error:[/red] {redact(message)}", highlight=False, soft_wrap=True)
-    code = EXIT_NOT_FOUND if isinstance(error, JobNotFoundError) else EXIT_ERROR
-    return typer.Exit(code=code)
+    return typer.Exit(code=exit_code(error))
+
+
+def exit_code(error: BaseException) -> int:
+    """The documented exit code of `error` (docs/running.md, "Exit codes")."""
+    if isinstance(error, JobNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(
+        error,
+        StorageUnavailableError
+        | ClusterUnreachableError
+        | ClusterAuthenticationError
+        | ConnectionError,
+    ):
+        return EXIT_UNREACHABLE
+    if isinstance(error, JobOperationError | TimeoutError):
+        return EXIT_FAILED
+    if isinstance(error, ValueError | ConfigurationError):
+        return EXIT_USAGE
+    return EXIT_FAILED
 
 
 def guard(fn: Callable[[], T]) -> T:

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
 from ..jobs.status import JobStatus
 from ..storage import JobQuery
 from .common import (
+    EXIT_FAILED,
     AddressOption,
     NamespaceOption,
     ScopeOption,
@@ -26,6 +26,7 @@ from .common import (
     guard,
     jobs_app,
 )
+from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
 
 
 def _client(
@@ -62,40 +63,26 @@ def jobs_list(
     status: Annotated[list[str] | None, typer.Option(help="Only jobs in this status.")] = None,
     job_type: Annotated[str | None, typer.Option("--type", help="Only jobs of this type.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 100,
+    output: OutputOption = Output.table,
+    wide: WideOption = False,
 ) -> None:
-    """List jobs, oldest first."""
+    """List jobs, oldest first, one line each.
+
+    Example: choreography jobs list --status running --output json
+    """
     from ..runtime.arguments import check_query
 
     statuses = frozenset(guard(lambda: [_status(s) for s in status or []]))
     query = guard(lambda: check_query(JobQuery(type=job_type, statuses=statuses, take=limit)))
     jobs = _client(storage, address, scope, namespace, None)
     found = guard(lambda: jobs.list(query, **_key_args(scope, namespace)))
-    table = Table()
-    table.add_column("id", no_wrap=True, min_width=max((len(j.id) for j in found), default=2))
-    table.add_column("type", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    for column in ("progress", "created", "details"):
-        table.add_column(column)
-    for job in found:
-        p = job.progress
-        table.add_row(
-            job.id,
-            job.type,
-            job.status.name,
-            f"{p.successful_steps + p.failed_steps + p.unreachable_steps}/{p.total_steps}",
-            job.created.strftime("%Y-%m-%d %H:%M:%S"),
-            "; ".join(filter(None, [waiting_text(job), job.details])),
-        )
-    console.print(table)
+    show_jobs(found, output=output, wide=wide)
 
 
 def _status(name: str) -> JobStatus:
-    try:
-        return JobStatus[name.strip().upper().replace("-", "_")]
-    except KeyError:
-        raise ValueError(
-            f"unknown status {name!r}; one of: {', '.join(s.name.lower() for s in JobStatus)}"
-        ) from None
+    from ..console.reader import parse_status
+
+    return parse_status(name, JobStatus)
 
 
 @jobs_app.command("show")
@@ -105,10 +92,18 @@ def jobs_show(
     address: AddressOption = "auto",
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    output: OutputOption = Output.table,
 ) -> None:
-    """Show one job: status, progress per stage, and its status history."""
+    """Show one job: status, progress per stage, and its status history.
+
+    Example: choreography jobs show 3f2a9c1e --output json
+    """
     jobs = _client(storage, address, scope, namespace, job_id)
     job = guard(lambda: jobs.get(job_id, **_key_args(scope, namespace)))
+    if output == Output.json:
+        counts = guard(lambda: jobs.step_counts(job_id, **_key_args(scope, namespace)))
+        print_json(job_detail_json(job, counts))
+        return
     p = job.progress
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
     if job.details:
@@ -151,12 +146,17 @@ def jobs_watch(
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
 ) -> None:
-    """Follow a job's progress until it finishes."""
+    """Follow a job's progress until it finishes; exit 1 unless it completed successfully.
+
+    Example: choreography jobs watch 3f2a9c1e5d7b4a60 --timeout 600 && echo done
+    """
     jobs = _client(storage, address, scope, namespace, job_id)
     state = guard(
         lambda: jobs.wait(job_id, timeout=timeout, progress=True, **_key_args(scope, namespace))
     )
     console.print(state.status.name if state is not None else "finished and cleared")
+    if state is not None and state.status != JobStatus.COMPLETED_SUCCESSFULLY:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _simple(action: str) -> Callable[..., None]:
@@ -176,7 +176,7 @@ def _simple(action: str) -> Callable[..., None]:
         "stop": "Stop a job; it can be resumed.",
         "resume": "Resume a stopped or interrupted job.",
         "remove": "Stop a job and delete it with its steps.",
-    }[action]
+    }[action] + f"\n\nExample: choreography jobs {action} 3f2a9c1e5d7b4a60 --scope studio"
     return command
 
 
@@ -219,7 +219,10 @@ def jobs_rehydrate(
         float, typer.Option(help="Wait at most this many seconds for the jobs to resume.")
     ] = 60.0,
 ) -> None:
-    """Resume a partition's interrupted jobs now, as after a restart, and say what was done."""
+    """Resume a partition's interrupted jobs now, as after a restart, and say what was done.
+
+    Example: choreography jobs rehydrate --scope studio --namespace tenant-a
+    """
     from ..recovery.explicit import check_timeout
 
     guard(lambda: check_timeout(timeout))  # before joining the cluster

@@ -24,6 +24,8 @@ def demo(
     """Run the demo: a two-stage fan-out with a live progress bar, on local Ray and SQLite.
 
     Interrupted with Ctrl-C and run again, it resumes the same job instead of starting over.
+
+    Example: choreography demo --steps 200
     """
     from ..demo import DemoJob, DemoRequest
     from ..runtime.config import DEFAULT_STORAGE
@@ -100,7 +102,10 @@ def bench(
         int, typer.Option(min=1, help="Worker host processes of the tuned configuration.")
     ] = 1,
 ) -> None:
-    """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray."""
+    """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray.
+
+    Example: choreography bench --steps 1000 --runs 3
+    """
     import tempfile
 
     import ray

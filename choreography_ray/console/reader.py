@@ -135,3 +135,14 @@ def parse_step_statuses(names: list[str]) -> frozenset[JobStepStatus]:
         else:
             wanted.add(parse_status(name, JobStepStatus))
     return frozenset(wanted)
+
+
+async def status_counts(reader: JobsReader, key: JobKey) -> dict[JobStatus, int]:
+    """How many of the partition's jobs are in each status (statuses with none left out)."""
+    jobs = reader.provider.for_key(key).jobs
+    counts = {}
+    for status in JobStatus:
+        n = await jobs.count(JobQuery(statuses=frozenset({status}), take=0))
+        if n:
+            counts[status] = n
+    return counts

@@ -17,6 +17,7 @@ __all__ = [
     "CannotResumeJobError",
     "ChoreographyError",
     "ClusterAuthenticationError",
+    "ClusterUnreachableError",
     "ConfigurationError",
     "DrainJobResult",
     "DrainOutcome",
@@ -367,3 +368,8 @@ class HostError(ChoreographyError):
 class ClusterAuthenticationError(ConfigurationError):
     """Raised when the Ray cluster refuses this process because it uses token authentication
     and this process has no (or another) token."""
+
+
+class ClusterUnreachableError(ConfigurationError):
+    """Raised when no Ray cluster answers at the address given (or none runs on this machine
+    for "auto")."""

@@ -21,6 +21,7 @@ import ray
 from ..jobs.errors import (
     ChoreographyError,
     ClusterAuthenticationError,
+    ClusterUnreachableError,
     ConfigurationError,
     StorageUnavailableError,
 )
@@ -195,7 +196,7 @@ def init_ray(
     except ConnectionError as error:
         if is_authentication_failure(error):
             raise ClusterAuthenticationError(_auth_message(address)) from None
-        raise ConfigurationError(
+        raise ClusterUnreachableError(
             f"cannot reach the Ray cluster at {address!r}: {last_raised(str(error))}"
         ) from None
 
@@ -218,7 +219,9 @@ def _check_reachable(address: str | None, timeout: float = 3.0) -> str | None:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as error:
-        raise ConfigurationError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
+        raise ClusterUnreachableError(
+            f"cannot reach the Ray cluster at {address!r}: {error}"
+        ) from None
     return None if address.startswith("ray://") else target
 
 

@@ -1,0 +1,205 @@
+"""Commands that read storage the way the console does: `jobs steps` and `status`.
+
+They join the cluster like every command, then read the cluster's storage directly (the
+console's reader): listing steps or counting jobs asks nothing of the controller hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey
+from .common import (
+    AddressOption,
+    NamespaceOption,
+    ScopeOption,
+    StorageOption,
+    app,
+    console,
+    guard,
+    jobs_app,
+)
+from .output import (
+    SHORT_ID,
+    Column,
+    Output,
+    OutputOption,
+    WideOption,
+    lines,
+    print_json,
+    short_ids,
+    step_json,
+)
+
+T = TypeVar("T")
+
+STEP_COLUMNS = (
+    Column("id", SHORT_ID),
+    Column("status", 22),
+    Column("attempt", 7, right=True),
+    Column("stage", 5, right=True),
+    Column("name", 16, shrinks=True),
+    Column("error", 30, shrinks=True),
+)
+
+
+def _read(storage: str | None, address: str | None, work: Callable[[Any, Any], Awaitable[T]]) -> T:
+    """`work(reader, config)` over the cluster's storage, opened and closed around it."""
+    from ..console.ray_cluster import cluster_storage
+    from ..console.reader import JobsReader
+    from ..runtime.connection import init_ray
+    from ..runtime.constants import NAMESPACE
+
+    def run() -> T:
+        init_ray(address, NAMESPACE)
+        provider, config = cluster_storage(NAMESPACE, storage)
+
+        async def opened() -> T:
+            await provider.initialize()
+            try:
+                return await work(JobsReader(provider), config)
+            finally:
+                await provider.close()
+
+        return asyncio.run(opened())
+
+    return guard(run)
+
+
+@jobs_app.command("steps")
+def jobs_steps(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help="Only steps in this status; 'failed' is every failure (repeatable)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Steps per page.")] = 100,
+    page: Annotated[int, typer.Option(min=0, help="Page, from 0.")] = 0,
+    output: OutputOption = Output.table,
+    wide: WideOption = False,
+) -> None:
+    """List a job's steps: status, attempts and error, by stage and id.
+
+    Example: choreography jobs steps 3f2a9c1e5d7b4a60 --status failed
+    """
+    from ..console.reader import parse_step_statuses
+    from ..runtime.arguments import check_job_id, job_key
+
+    key: JobKey = guard(lambda: job_key(scope, namespace))
+    guard(lambda: check_job_id(job_id))
+    statuses = guard(lambda: parse_step_statuses(status or []))
+
+    async def work(reader: Any, _: Any) -> Any:
+        await reader.job(key, job_id)  # not found: exit 3
+        return await reader.steps(key, job_id, statuses, page, limit)
+
+    found = _read(storage, address, work)
+    if output == Output.json:
+        print_json(
+            {
+                "job_id": job_id,
+                "total": found.total,
+                "page": found.page,
+                "size": found.size,
+                "steps": [step_json(s) for s in found.items],
+            }
+        )
+        return
+    if not found.items:
+        console.print("no steps", highlight=False)
+        return
+    ids = {s.id: s.id for s in found.items} if wide else short_ids(s.id for s in found.items)
+    rows = [
+        [
+            ids[s.id],
+            s.status.name,
+            str(s.attempt),
+            str(s.stage),
+            s.name,
+            "; ".join(s.error.messages) if s.error is not None else "",
+        ]
+        for s in found.items
+    ]
+    for line in lines(STEP_COLUMNS, rows, None if wide else console.width):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if found.has_next:
+        console.print(
+            f"page {found.page + 1} of {found.pages} ({found.total} steps): --page "
+            f"{found.page + 1} shows the next",
+            highlight=False,
+        )
+
+
+@app.command("status")
+def status_command(
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    output: OutputOption = Output.table,
+) -> None:
+    """The cluster in one screen: nodes, roles, hosts, job modules, and jobs by status.
+
+    Example: choreography status --output json
+    """
+    from ..console.ray_cluster import RayClusterView
+    from ..console.reader import status_counts
+    from ..runtime.arguments import job_key
+    from ..runtime.constants import NAMESPACE
+    from ..storage.url import redact
+
+    key: JobKey = guard(lambda: job_key(scope, namespace))
+
+    async def work(reader: Any, config: Any) -> Any:
+        snapshot = await RayClusterView(NAMESPACE).snapshot()
+        return snapshot, await status_counts(reader, key), config
+
+    snapshot, counts, config = _read(storage, address, work)
+    if output == Output.json:
+        print_json(
+            {
+                "namespace": snapshot.namespace,
+                "storage": redact(config.storage),
+                "modules": snapshot.modules,
+                "job_types": snapshot.job_types,
+                "nodes": [asdict(node) for node in snapshot.nodes],
+                "jobs": {
+                    "scope": key.scope,
+                    "namespace": key.namespace,
+                    "by_status": {s.name: n for s, n in sorted(counts.items())},
+                },
+            }
+        )
+        return
+    say = console.print
+    say(f"storage: {redact(config.storage)}", highlight=False, markup=False, soft_wrap=True)
+    say(f"job modules: {', '.join(snapshot.modules) or '-'}", highlight=False, markup=False)
+    for node in snapshot.nodes:
+        roles = "+".join(
+            r for r, on in (("controller", node.controller), ("worker", node.worker)) if on
+        )
+        say(
+            f"node {node.node_id[:SHORT_ID]}  {node.hostname or node.address}  "
+            f"{'alive' if node.alive else 'DEAD'}  {roles or 'no role'}  {node.cpus:g} CPUs",
+            highlight=False,
+            markup=False,
+        )
+        for host in node.hosts:
+            figures = ""
+            if host.active_runs is not None:
+                figures = f"  {host.active_runs} running steps"
+                if host.max_parallel_steps:
+                    figures += f" of at most {host.max_parallel_steps}"
+            problem = f"  ({host.problem})" if host.problem else ""
+            say(f"  {host.role} host{figures}{problem}", highlight=False, markup=False)
+    by_status = ", ".join(f"{n} {s.name.lower()}" for s, n in sorted(counts.items()))
+    say(f"jobs in {key}: {by_status or 'none'}", highlight=False, markup=False, soft_wrap=True)
