@@ -35,7 +35,7 @@ def invoke(*args: str):
 def test_jobs_list_and_show_describe_a_job(jobs):
     job_id = jobs.start(FanOutJob, FanOut(steps=4, stages=2))
     jobs.wait(job_id, timeout=60)
-    listed = invoke("jobs", "list")
+    listed = invoke("jobs", "list", "--wide")
     assert listed.exit_code == 0, listed.output
     assert job_id in listed.output and "COMPLETED_SUCCESSFULLY" in listed.output
     shown = invoke("jobs", "show", job_id)
@@ -127,7 +127,7 @@ def test_jobs_watch_follows_a_job_to_its_end(jobs):
         (("jobs", "show", "no-such-job"), 3, "no job with id 'no-such-job'"),
         (("jobs", "stop", "no-such-job"), 3, "no job with id 'no-such-job'"),
         (("jobs", "watch", "no-such-job"), 3, "no job with id 'no-such-job'"),
-        (("jobs", "list", "--status", "bogus"), 1, "unknown status 'bogus'"),
+        (("jobs", "list", "--status", "bogus"), 2, "unknown status 'bogus'"),
     ],
 )
 def test_mistakes_are_one_line_errors_with_a_non_zero_exit(jobs, args, code, message):
@@ -145,7 +145,7 @@ def test_an_unreachable_cluster_is_a_one_line_error():
         text=True,
         timeout=60,
     )
-    assert result.returncode == 1
+    assert result.returncode == 4
     assert "cannot reach the Ray cluster at '127.0.0.1:1'" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -153,7 +153,7 @@ def test_an_unreachable_cluster_is_a_one_line_error():
 def test_an_unreachable_storage_is_a_one_line_error(tmp_path):
     url = "postgresql+psycopg://nobody@127.0.0.1:1/none"
     result = runner.invoke(app, ["storage", "check", "--storage", url])
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     assert "storage" in result.output and "Traceback" not in result.output
 
 
@@ -170,7 +170,7 @@ def test_a_job_module_no_host_can_import_is_refused_and_forgotten(jobs):
 
 def test_up_reports_a_module_that_cannot_be_imported(jobs):
     result = runner.invoke(app, ["up", "--module", "no_such_module_either"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "could not import job module(s): no_such_module_either" in result.output
 
 

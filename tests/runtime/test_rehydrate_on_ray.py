@@ -59,7 +59,7 @@ def test_jobs_rehydrate_prints_the_summary(jobs):
 
 def test_jobs_rehydrate_with_a_bad_timeout_is_a_one_line_error(jobs):
     result = runner.invoke(app, ["jobs", "rehydrate", "--timeout", "0"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "timeout: must be a positive number of seconds, not 0.0" in result.output
     assert len(result.output.strip().splitlines()) == 1
 

@@ -1,0 +1,145 @@
+"""The command line's listings, JSON output, steps, status and exit codes, and the console,
+against a running single-node Ray (one instance for the module)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from choreography_ray.cli import app
+
+from .ray_jobs import FanOut, FanOutJob
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def jobs(ray_instance, tmp_path_factory):
+    import choreography_ray as cr
+
+    database = tmp_path_factory.mktemp("cli-views") / "jobs.db"
+    return cr.connect(f"sqlite:///{database}", modules=["tests.runtime.ray_jobs"])
+
+
+@pytest.fixture(scope="module")
+def finished(jobs):
+    """A job that succeeded and one whose step 1 failed."""
+    good = jobs.start(FanOutJob, FanOut(steps=4, stages=2))
+    bad = jobs.start(FanOutJob, FanOut(steps=3, fail=[1]))
+    jobs.wait(good, timeout=60)
+    jobs.wait(bad, timeout=60)
+    return good, bad
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_a_listing_is_one_line_per_job_in_80_columns(finished):
+    good, bad = finished
+    listed = invoke("jobs", "list")
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert len(lines) == 3  # the header and one line per job
+    assert good not in listed.output  # short ids…
+    assert any(line.startswith(good[:8]) for line in lines)
+    wide = invoke("jobs", "list", "--wide")
+    assert good in wide.output and bad in wide.output  # …unless --wide
+
+
+def test_list_and_show_answer_json(finished):
+    good, bad = finished
+    listed = json.loads(invoke("jobs", "list", "--output", "json").output)
+    assert {j["id"] for j in listed} == {good, bad}
+    assert {j["status"] for j in listed} == {"COMPLETED_SUCCESSFULLY", "COMPLETED_WITH_FAILURES"}
+    shown = json.loads(invoke("jobs", "show", bad, "-o", "json").output)
+    assert shown["id"] == bad and shown["progress"]["failed"] == 1
+    assert shown["step_counts"] and shown["status_history"][0]["status"] == "PREPARING_JOB"
+
+
+def test_jobs_steps_shows_a_failed_steps_error(finished):
+    _, bad = finished
+    failed = invoke("jobs", "steps", bad, "--status", "failed")
+    assert failed.exit_code == 0, failed.output
+    assert "item 1 failed" in failed.output
+    assert len(failed.output.splitlines()) == 2  # the header and the failed step
+    every = json.loads(invoke("jobs", "steps", bad, "--output", "json").output)
+    assert every["total"] == 3 and len(every["steps"]) == 3
+    [error] = [s["error"] for s in every["steps"] if s["error"]]
+    assert "item 1 failed" in error["messages"][0] and error["stack_trace"]
+
+
+def test_status_shows_the_cluster_in_one_screen(finished):
+    shown = invoke("status")
+    assert shown.exit_code == 0, shown.output
+    assert "controller host" in shown.output and "worker host" in shown.output
+    assert "1 completed_successfully" in shown.output
+    as_json = json.loads(invoke("status", "--output", "json").output)
+    [node] = as_json["nodes"]
+    assert node["alive"] and node["controller"] and node["worker"]
+    assert "tests.runtime.ray_jobs" in as_json["modules"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("jobs", "list", "--status", "bogus"), 2),
+        (("jobs", "show", "a/b"), 2),
+        (("jobs", "steps", "no-such-job"), 3),
+        (("jobs", "steps", "x", "--status", "bogus"), 2),
+    ],
+)
+def test_exit_codes(finished, args, code):
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_watching_a_job_that_failed_exits_1(finished):
+    _, bad = finished
+    watched = invoke("jobs", "watch", bad, "--timeout", "60")
+    assert watched.exit_code == 1 and "COMPLETED_WITH_FAILURES" in watched.output
+
+
+def test_the_console_serves_the_cluster_it_joined(finished):
+    import aiohttp
+
+    from choreography_ray.console import ClientActions, ConsoleSettings, console_app, serve
+    from choreography_ray.console.ray_cluster import RayClusterView, cluster_storage
+    from choreography_ray.runtime import Jobs
+
+    good, _ = finished
+    provider, _config = cluster_storage("choreography")
+
+    async def scenario() -> tuple[str, str]:
+        web_app = console_app(
+            provider,
+            settings=ConsoleSettings(),
+            actions=ClientActions(Jobs()),
+            cluster=RayClusterView("choreography"),
+        )
+        stop = asyncio.Event()
+        where: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server = asyncio.ensure_future(
+            serve(web_app, "127.0.0.1", 0, listening=where.set_result, stop=stop)
+        )
+        try:
+            base = await asyncio.wait_for(where, 30)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+                async with http.get(f"{base}/jobs") as answer:
+                    jobs_page = await answer.text()
+                async with http.get(f"{base}/cluster") as answer:
+                    cluster_page = await answer.text()
+        finally:
+            stop.set()
+            await asyncio.wait_for(server, 30)
+        return jobs_page, cluster_page
+
+    jobs_page, cluster_page = asyncio.run(scenario())
+    assert good in jobs_page
+    assert "choreography:controller:" in cluster_page and "alive" in cluster_page
+    assert "tests.runtime.ray_jobs" in cluster_page
