@@ -105,20 +105,33 @@ def test_watching_a_job_that_failed_exits_1(finished):
     assert watched.exit_code == 1 and "COMPLETED_WITH_FAILURES" in watched.output
 
 
+def jobs_client():
+    from choreography_ray.runtime import Jobs
+
+    return Jobs()
+
+
 def test_the_console_serves_the_cluster_it_joined(finished):
     import aiohttp
+    import ray
 
     from choreography_ray.console import ClientActions, ConsoleSettings, console_app, serve
+    from choreography_ray.console.app import TOKEN
     from choreography_ray.console.ray_cluster import RayClusterView, cluster_storage
+    from choreography_ray.jobs import JobStatus
     from choreography_ray.runtime import Jobs
+
+    from .ray_jobs import gate
 
     good, _ = finished
     provider, _config = cluster_storage("choreography")
+    handle = gate()
+    blocked = jobs_client().start(FanOutJob, FanOut(steps=2, block=True))
 
     async def scenario() -> tuple[str, str]:
         web_app = console_app(
             provider,
-            settings=ConsoleSettings(),
+            settings=ConsoleSettings(allow_actions=True),
             actions=ClientActions(Jobs()),
             cluster=RayClusterView("choreography"),
         )
@@ -134,12 +147,20 @@ def test_the_console_serves_the_cluster_it_joined(finished):
                     jobs_page = await answer.text()
                 async with http.get(f"{base}/cluster") as answer:
                     cluster_page = await answer.text()
+                stop_url = f"{base}/jobs/{blocked}/stop"
+                form = {"token": web_app[TOKEN]}
+                async with http.post(stop_url, data=form, allow_redirects=False) as answer:
+                    assert answer.status == 303, await answer.text()
         finally:
             stop.set()
             await asyncio.wait_for(server, 30)
         return jobs_page, cluster_page
 
-    jobs_page, cluster_page = asyncio.run(scenario())
+    try:
+        jobs_page, cluster_page = asyncio.run(scenario())
+        assert jobs_client().wait(blocked, timeout=60).status == JobStatus.STOPPED
+    finally:
+        ray.kill(handle)
     assert good in jobs_page
     assert "choreography:controller:" in cluster_page and "alive" in cluster_page
     assert "tests.runtime.ray_jobs" in cluster_page
