@@ -46,6 +46,7 @@ def console_command(
     Example: choreography console --allow-actions, then open http://127.0.0.1:8266
     """
     from ..console import ConsoleSettings, console_app, serve
+    from ..console.app import LOOPBACK_NAMES
     from ..storage.url import redact
 
     if storage is not None and address is None:
@@ -61,6 +62,7 @@ def console_command(
     else:
         provider, source, extras = guard(lambda: _on_cluster(storage, address or "auto"))
     settings = ConsoleSettings(
+        allowed_hosts=LOOPBACK_NAMES if host in LOOPBACK_NAMES else None,
         allow_actions=allow_actions,
         refresh_seconds=refresh,
         bound=f"{host}:{port}",

@@ -43,7 +43,13 @@ class ConsoleSettings:
     source: str = ""
     """The storage read, redacted, for the header."""
     page_size: int = 50
+    allowed_hosts: frozenset[str] | None = None
+    """Host names a request may name in its Host header (None: any). A console on loopback
+    answers only to loopback names, so a web page whose name was rebound to 127.0.0.1 (DNS
+    rebinding) cannot read it or its form token."""
 
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
@@ -63,7 +69,7 @@ def create_app(
     actions: JobActions | None = None,
     cluster: ClusterView | None = None,
 ) -> web.Application:
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[_known_host, _errors])
     app[READER] = reader
     app[SETTINGS] = settings or ConsoleSettings()
     app[ACTIONS_KEY] = actions
@@ -128,6 +134,23 @@ def _job_id(request: web.Request) -> str:
 
 def _status_names(request: web.Request) -> list[str]:
     return [name for name in request.query.get("status", "").split(",") if name.strip()]
+
+
+@web.middleware
+async def _known_host(request: web.Request, handler: Handler) -> web.StreamResponse:
+    allowed = request.app[SETTINGS].allowed_hosts
+    if allowed is not None and _host_name(request.host) not in allowed:
+        raise web.HTTPMisdirectedRequest(
+            text="this console answers only to its own host names (see docs/console.md)"
+        )
+    return await handler(request)
+
+
+def _host_name(host: str) -> str:
+    """The name of a Host header, without its port: `[::1]:8266` -> `::1`."""
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 @web.middleware

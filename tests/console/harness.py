@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from choreography_ray.console import ConsoleSettings, JobsReader, ManagerActions, create_app
+from choreography_ray.console.app import LOOPBACK_NAMES
 from choreography_ray.console.server import serve
 from choreography_ray.engine.clock import SystemClock
 from choreography_ray.jobs import JobsOptions
@@ -35,6 +36,7 @@ class ConsoleHarness:
             refresh_seconds=refresh_seconds,
             source="memory://",
             page_size=page_size,
+            allowed_hosts=LOOPBACK_NAMES,
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

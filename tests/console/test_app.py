@@ -221,3 +221,16 @@ def test_the_console_app_does_not_import_ray():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_loopback_console_answers_only_to_loopback_names(console):
+    # DNS rebinding: a page of evil.example, its name rebound to 127.0.0.1, asks the console.
+    port = urllib.parse.urlsplit(console.url).port
+    for host, code in ((f"evil.example:{port}", 421), (f"localhost:{port}", 200)):
+        asked = urllib.request.Request(console.url + "/jobs", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(asked, timeout=30) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as error:
+            status = error.code
+        assert status == code, host
