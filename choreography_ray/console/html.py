@@ -105,6 +105,20 @@ SCRIPT = """
 """
 
 
+def footer(bound: str) -> str:
+    """Where the console listens, and what that means for who can reach it."""
+    name = bound.rsplit(":", 1)[0].strip("[]") if ":" in bound else bound
+    if name in ("127.0.0.1", "localhost", "::1"):
+        return (
+            f"choreography console, bound to the loopback interface ({e(bound)}): only this "
+            "machine reaches it. See docs/console.md to share it behind authentication."
+        )
+    return (
+        f"choreography console, listening on {e(bound)}, beyond this machine: it has no login "
+        "of its own, so keep it behind authentication (docs/console.md)."
+    )
+
+
 def main(body: str, *, live: bool) -> str:
     """The part of a page that live refresh replaces."""
     return f'<main id="main" data-live="{1 if live else 0}">{body}</main>'
@@ -123,8 +137,6 @@ def layout(
         '<header><a href="/jobs">Jobs</a><a href="/cluster">Cluster</a>'
         f'<span class="muted">{e(source)}</span></header>'
         f'<div class="filters">{filters}</div>{body}'
-        f"<footer>choreography console, listening on {e(bound)}. "
-        "It binds to the loopback interface unless started with --host: put it behind "
-        "authentication before you expose it (see docs/console.md).</footer>"
+        f"<footer>{footer(bound)}</footer>"
         f"<script>{SCRIPT % refresh_ms}</script></body></html>"
     )

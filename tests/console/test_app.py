@@ -212,7 +212,7 @@ def test_without_a_cluster_the_cluster_page_says_so(console):
 
 def test_the_footer_says_the_console_binds_to_loopback(console):
     _, page = get(console, "/jobs")
-    assert "binds to the loopback interface" in page
+    assert "bound to the loopback interface" in page
 
 
 def test_the_console_app_does_not_import_ray():

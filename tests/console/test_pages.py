@@ -71,3 +71,11 @@ def test_actions_are_disabled_where_the_state_makes_them_meaningless():
     assert enabled(job(status=JobStatus.STOPPED)) == {"resume", "remove"}
     assert enabled(job(status=JobStatus.COMPLETED_SUCCESSFULLY)) == set()
     assert enabled(job(status=JobStatus.REMOVING)) == set()
+
+
+def test_the_footer_says_whether_the_console_binds_to_loopback():
+    from choreography_ray.console.html import footer
+
+    assert "bound to the loopback interface (127.0.0.1:8266)" in footer("127.0.0.1:8266")
+    assert "bound to the loopback interface" in footer("[::1]:8266")
+    assert "beyond this machine" in footer("0.0.0.0:8266")
