@@ -347,17 +347,17 @@ def _digest(path: Path) -> str:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["jobs", "show", ""], 1, "job id '' is empty"),
-        (["jobs", "remove", ""], 1, "job id '' is empty"),
-        (["jobs", "stop", " kept"], 1, "job id ' kept' has whitespace at its start or end"),
-        (["jobs", "resume", "a/b"], 1, "job id 'a/b' contains a path separator"),
-        (["jobs", "watch", "bell\x07"], 1, "job id 'bell\\x07' contains a control"),
-        (["jobs", "list", "--limit", "-1"], 1, "limit: must be 0 (all) or more, got -1"),
-        (["jobs", "show", "kept", "--scope", ""], 1, "scope: must not be empty"),
-        (["up", "--storage", "sqlitee:///x.db"], 1, "storage URL 'sqlitee:///x.db': unknown"),
-        (["up", "--storage", DEAD_POSTGRES], 1, "cannot reach storage postgresql+psycopg://"),
-        (["up", "--workers-per-node", "0"], 1, "workers_per_node: must be at least 1, got 0"),
-        (["up", "--config", "bad.toml"], 1, "max_parallel_steps: must be at least 1, or unset"),
+        (["jobs", "show", ""], 2, "job id '' is empty"),
+        (["jobs", "remove", ""], 2, "job id '' is empty"),
+        (["jobs", "stop", " kept"], 2, "job id ' kept' has whitespace at its start or end"),
+        (["jobs", "resume", "a/b"], 2, "job id 'a/b' contains a path separator"),
+        (["jobs", "watch", "bell\x07"], 2, "job id 'bell\\x07' contains a control"),
+        (["jobs", "list", "--limit", "-1"], 2, "limit: must be 0 (all) or more, got -1"),
+        (["jobs", "show", "kept", "--scope", ""], 2, "scope: must not be empty"),
+        (["up", "--storage", "sqlitee:///x.db"], 2, "storage URL 'sqlitee:///x.db': unknown"),
+        (["up", "--storage", DEAD_POSTGRES], 4, "cannot reach storage postgresql+psycopg://"),
+        (["up", "--workers-per-node", "0"], 2, "workers_per_node: must be at least 1, got 0"),
+        (["up", "--config", "bad.toml"], 2, "max_parallel_steps: must be at least 1, or unset"),
     ],
 )
 def test_bad_input_on_the_command_line_is_one_line_and_writes_nothing(
