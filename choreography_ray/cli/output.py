@@ -78,7 +78,15 @@ def job_json(job: JobState) -> dict[str, Any]:
             ],
         },
         "details": job.details,
+        "waiting_for_worker": _waiting(job),
     }
+
+
+def _waiting(job: JobState) -> dict[str, Any] | None:
+    from ..console.pages import waiting_for_worker
+
+    wait = waiting_for_worker(job)
+    return None if wait is None else {"reason": wait.reason, "since": _time(wait.since)}
 
 
 def job_detail_json(job: JobState, counts: StepCounts) -> dict[str, Any]:
@@ -201,6 +209,12 @@ def lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int |
     return out
 
 
+def status_text(job: JobState) -> str:
+    from ..console.pages import status_text as text
+
+    return text(job)
+
+
 def job_rows(jobs: Sequence[JobState], *, wide: bool, now: datetime) -> list[list[str]]:
     ids = {j.id: j.id for j in jobs} if wide else short_ids(j.id for j in jobs)
     rows = []
@@ -210,7 +224,7 @@ def job_rows(jobs: Sequence[JobState], *, wide: bool, now: datetime) -> list[lis
         rows.append(
             [
                 ids[job.id],
-                job.status.name,
+                status_text(job),
                 f"{done}/{p.total_steps}",
                 job.type,
                 age(job.created, now),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
 from ..jobs.status import JobStatus, JobStepStatus
@@ -31,9 +32,20 @@ def status_name(status: int) -> str:
         return str(status)
 
 
+def waiting_for_worker(job: JobState) -> Any:
+    """The job's wait for a worker host (`reason`, `since`), or None. Read by name: the field
+    comes with placement's wait for workers, and records without it read as not waiting."""
+    return getattr(job, "waiting_for_worker", None)
+
+
 def done_steps(job: JobState) -> int:
     p = job.progress
     return p.successful_steps + p.failed_steps + p.unreachable_steps
+
+
+def status_text(job: JobState) -> str:
+    """The status, with "(waiting)" while the job waits for a worker host."""
+    return job.status.name + (" (waiting)" if waiting_for_worker(job) is not None else "")
 
 
 def job_link(job_id: str, key: JobKey) -> str:
@@ -83,7 +95,7 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         rows.append(
             f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
             f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
-            f'<td class="status">{e(job.status.name)}</td>'
+            f'<td class="status">{e(status_text(job))}</td>'
             f"<td>{bar(done_steps(job), p.total_steps, failed)}</td>"
             f"<td>{e(when(job.created))}</td>"
             f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
@@ -182,6 +194,9 @@ def job_page(
     else:
         plan = f"{p.total_steps} steps"
     state = []
+    wait = waiting_for_worker(job)
+    if wait is not None:
+        state.append(f"waiting for a worker since {when(wait.since)} UTC: {wait.reason}")
     if job.pending_drain:
         state.append("draining: running steps finish, no new step starts")
     if job.status == JobStatus.STOPPED:

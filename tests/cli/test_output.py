@@ -97,6 +97,7 @@ def test_the_json_schema_of_a_job_is_stable():
         "updated",
         "progress",
         "details",
+        "waiting_for_worker",
     }
     assert listed["created"] == "2026-05-01T09:00:00Z"
     assert listed["progress"]["failed"] == 10

@@ -53,6 +53,25 @@ def test_a_drain_a_stop_under_way_and_unreadable_steps_are_stated():
     assert "3 step record(s) cannot be read" in page and "unreadable" in page
 
 
+def test_a_job_waiting_for_a_worker_says_why_and_since_when():
+    from types import SimpleNamespace
+
+    from choreography_ray.cli.output import job_json, status_text
+
+    waiting = job(status=JobStatus.STARTING_STEPS)
+    wait = SimpleNamespace(reason="no worker host runs rebuild-index", since=NOW)
+    object.__setattr__(waiting, "waiting_for_worker", wait)  # the field placement adds
+    assert "waiting for a worker since 2026-05-01 12:00:00 UTC: no worker host runs" in render(
+        waiting
+    )
+    assert status_text(waiting) == "STARTING_STEPS (waiting)"
+    assert job_json(waiting)["waiting_for_worker"] == {
+        "reason": "no worker host runs rebuild-index",
+        "since": "2026-05-01T12:00:00Z",
+    }
+    assert job_json(job())["waiting_for_worker"] is None
+
+
 def test_a_job_shows_its_plan_size_timing_and_stage_bars():
     page = render(job(has_stored_step_plan=True, stored_step_plan_incarnation=2))
     assert "10 steps, stored apart (incarnation 2)" in page
