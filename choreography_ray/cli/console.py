@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from ..runtime.constants import NAMESPACE
 from .common import AddressOption, StorageOption, app, console, errors, guard
 
 EXIT_USAGE = 2
@@ -96,6 +95,7 @@ def _on_cluster(storage: str | None, address: str) -> tuple[Any, str, dict[str, 
     from ..console.ray_cluster import RayClusterView, cluster_storage
     from ..runtime import Jobs
     from ..runtime.connection import init_ray
+    from ..runtime.constants import NAMESPACE
 
     init_ray(address, NAMESPACE)
     provider, config = cluster_storage(NAMESPACE, storage)
