@@ -200,9 +200,20 @@ async def _jobs(request: web.Request) -> web.Response:
         page=_int(request, "page", 0),
         size=_int(request, "size", settings.page_size),
     )
-    found = await request.app[READER].jobs(wanted)
+    reader = request.app[READER]
+    found = await reader.jobs(wanted)
     body = pages.jobs_page(wanted, found, pages.now_utc())
-    return _render(request, "Jobs", body, live=True, filters=pages.jobs_filters(wanted))
+    filters = pages.jobs_filters(wanted) + pages.partitions(await _busy(reader), wanted.key)
+    return _render(request, "Jobs", body, live=True, filters=filters)
+
+
+async def _busy(reader: JobsReader) -> list[JobKey]:
+    """The partitions with unfinished jobs; none when the store keeps no catalog of them."""
+    try:
+        return await reader.busy_partitions()
+    except Exception as error:
+        log.debug("no partition catalog: %s", one_line(error))
+        return []
 
 
 async def _job(request: web.Request) -> web.Response:

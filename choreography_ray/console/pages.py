@@ -73,6 +73,19 @@ def jobs_filters(wanted: JobFilter) -> str:
     )
 
 
+def partitions(keys: list[JobKey], current: JobKey) -> str:
+    """Links to the partitions that hold unfinished jobs, the one shown in bold."""
+    if not keys:
+        return ""
+    links = [
+        f"<b>{e(key)}</b>"
+        if key == current
+        else f'<a href="{e(url("/jobs", key_params(key)))}">{e(key)}</a>'
+        for key in keys
+    ]
+    return f'<p class="partitions muted">unfinished jobs in: {" · ".join(links)}</p>'
+
+
 def _pager(
     base: str, params: dict[str, object], found: Page[object], labels: tuple[str, str]
 ) -> str:

@@ -13,7 +13,13 @@ from typing import Generic, TypeVar
 
 from ..jobs.errors import JobNotFoundError
 from ..jobs.state import JobKey, JobState, JobStepState
-from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
+from ..jobs.status import (
+    FAILED_STEP_STATUSES,
+    RUNNING_JOB_STATUSES,
+    STOP_STATUSES,
+    JobStatus,
+    JobStepStatus,
+)
 from ..storage.protocols import JobQuery, StepCounts
 from ..storage.provider import StorageProvider
 
@@ -87,6 +93,11 @@ class JobsReader:
             query.model_copy(update={"skip": start, "take": end - start})
         )
         return Page(list(reversed(found)), total, wanted.page, wanted.size)
+
+    async def busy_partitions(self) -> list[JobKey]:
+        """The partitions holding unfinished jobs (running, or stopping), as recovery's catalog
+        names them: where an operator most likely wants to look."""
+        return await self.provider.keys_with_jobs({*RUNNING_JOB_STATUSES, *STOP_STATUSES})
 
     async def job(self, key: JobKey, job_id: str) -> JobState:
         state = await self.provider.for_key(key).jobs.find(job_id)

@@ -94,6 +94,25 @@ def test_jobs_are_filtered_by_status_type_and_partition(console):
     fixtures.SCRIPT.release("slow")  # the in-process cluster's run ends as the test does
 
 
+def test_partitions_with_unfinished_jobs_are_linked(console):
+    from choreography_ray.jobs.state import JobKey
+
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    result = console.run(
+        console.cluster.start(
+            ScenarioJob, request("slow"), key=JobKey(scope="studio", namespace="<tenant>")
+        )
+    )
+    console.run(console.cluster.settle())
+    _, page = get(console, "/jobs")
+    assert (
+        '<a href="/jobs?scope=studio&amp;namespace=%3Ctenant%3E">studio/&lt;tenant&gt;</a>' in page
+    )
+    _, page = get(console, "/jobs?scope=studio&namespace=%3Ctenant%3E")
+    assert job_ids_in(page) == [result.job_id]
+    fixtures.SCRIPT.release("slow")
+
+
 @pytest.mark.parametrize(
     ("target", "code", "message"),
     [
