@@ -53,8 +53,8 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
-ACTIONS_KEY: web.AppKey[object] = web.AppKey("actions", object)
-CLUSTER_KEY: web.AppKey[object] = web.AppKey("cluster", object)
+ACTIONS_KEY: web.AppKey[JobActions | None] = web.AppKey("actions")
+CLUSTER_KEY: web.AppKey[ClusterView | None] = web.AppKey("cluster")
 TOKEN: web.AppKey[str] = web.AppKey("token", str)
 
 
@@ -234,7 +234,7 @@ async def _job_response(
     key, job_id = _key(request), _job_id(request)
     job = await reader.job(key, job_id)
     counts = await reader.step_counts(key, job_id)
-    actions: JobActions | None = request.app[ACTIONS_KEY]  # type: ignore[assignment]
+    actions = request.app[ACTIONS_KEY]
     form = pages.actions_form(
         job,
         enabled=settings.allow_actions and actions is not None,
@@ -264,7 +264,7 @@ async def _steps(request: web.Request) -> web.Response:
 
 
 async def _cluster(request: web.Request) -> web.Response:
-    view: ClusterView | None = request.app[CLUSTER_KEY]  # type: ignore[assignment]
+    view = request.app[CLUSTER_KEY]
     source = request.app[SETTINGS].source
     if view is None:
         return _render(request, "Cluster", pages.cluster_page(None, source), live=False)
@@ -281,7 +281,7 @@ async def _cluster(request: web.Request) -> web.Response:
 
 async def _action(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    actions: JobActions | None = request.app[ACTIONS_KEY]  # type: ignore[assignment]
+    actions = request.app[ACTIONS_KEY]
     action = request.match_info["action"]
     if action not in ACTIONS:
         raise web.HTTPNotFound(text=f"unknown action {action!r}")

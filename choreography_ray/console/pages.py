@@ -86,9 +86,7 @@ def partitions(keys: list[JobKey], current: JobKey) -> str:
     return f'<p class="partitions muted">unfinished jobs in: {" · ".join(links)}</p>'
 
 
-def _pager(
-    base: str, params: dict[str, object], found: Page[object], labels: tuple[str, str]
-) -> str:
+def _pager(base: str, params: dict[str, object], found: Page[Any], labels: tuple[str, str]) -> str:
     links = []
     if found.has_previous:
         target = url(base, {**params, "page": found.page - 1})
@@ -126,7 +124,7 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         + "</tbody></table>"
     )
     title = f"<h1>Jobs in {e(wanted.key.scope)}/{e(wanted.key.namespace)}</h1>"
-    return title + table + _pager("/jobs", params, found, ("newer", "older"))  # type: ignore[arg-type]
+    return title + table + _pager("/jobs", params, found, ("newer", "older"))
 
 
 def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
@@ -334,7 +332,7 @@ def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datet
         "<th>error</th></tr></thead><tbody>"
         + ("".join(rows) or '<tr><td colspan="10" class="muted">no steps</td></tr>')
         + "</tbody></table>"
-        + _pager(base, params, found, ("previous", "next"))  # type: ignore[arg-type]
+        + _pager(base, params, found, ("previous", "next"))
     )
 
 
