@@ -85,11 +85,21 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
 
 def fail(error: BaseException) -> typer.Exit:
     """Print `error` as one line; the exit to raise."""
-    message = one_line(error) or type(error).__name__
+    message = (one_line(error) or type(error).__name__) + short_id_hint(error)
     if not isinstance(error, ChoreographyError | ValueError | OSError | TimeoutError):
         message = f"{type(error).__name__}: {message} (--debug shows the traceback)"
     errors.print(f"[red]error:[/red] {redact(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=exit_code(error))
+
+
+def short_id_hint(error: BaseException) -> str:
+    """For an unknown id that looks like the short ids `jobs list` prints: how to get the
+    whole one, which commands need."""
+    job_id = getattr(error, "job_id", None) if isinstance(error, JobNotFoundError) else None
+    hex_digits = set("0123456789abcdef")
+    if isinstance(job_id, str) and 4 <= len(job_id) < 32 and set(job_id) <= hex_digits:
+        return " (a short id? commands take the whole id: `jobs list --wide` prints it)"
+    return ""
 
 
 def exit_code(error: BaseException) -> int:

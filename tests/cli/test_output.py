@@ -128,6 +128,14 @@ def test_the_json_schema_of_a_step_carries_its_error():
     assert shown["error"] == {"messages": ["disk full"], "stack_trace": "Traceback …"}
 
 
+def test_an_unknown_short_id_hints_at_the_whole_one():
+    from choreography_ray.cli.common import short_id_hint
+
+    assert "jobs list --wide" in short_id_hint(JobNotFoundError("3f2a9c1e"))
+    assert short_id_hint(JobNotFoundError("3f2a9c1e" * 4)) == ""  # a whole id
+    assert short_id_hint(JobNotFoundError("rebuild-index")) == ""  # a name of the caller's
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [
