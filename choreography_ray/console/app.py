@@ -51,6 +51,9 @@ class ConsoleSettings:
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
+LIVE_STEPS = 10_000
+"""The most steps (in the page's statuses) a steps page refreshes itself for."""
+
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
 ACTIONS_KEY: web.AppKey[JobActions | None] = web.AppKey("actions")
@@ -258,9 +261,13 @@ async def _steps(request: web.Request) -> web.Response:
     job = await reader.job(key, job_id)
     found = await reader.steps(key, job_id, statuses, page, size)
     status = names[0].strip().lower() if len(names) == 1 else ""
-    body = pages.steps_page(job, status, found, pages.now_utc())
+    # A steps page reads the job's steps (see JobsReader.steps): it refreshes itself only
+    # while that stays cheap; a larger job's page is reloaded by hand.
+    live = not job.is_finished and found.total <= LIVE_STEPS
+    note = "" if live or job.is_finished else pages.NOT_LIVE.format(limit=LIVE_STEPS)
+    body = pages.steps_page(job, status, found, pages.now_utc()) + note
     filters = pages.steps_filters(job, status, size)
-    return _render(request, f"Steps of {job_id}", body, live=not job.is_finished, filters=filters)
+    return _render(request, f"Steps of {job_id}", body, live=live, filters=filters)
 
 
 async def _cluster(request: web.Request) -> web.Response:

@@ -22,6 +22,11 @@ _NO_STAGES = (
     "finished without keeping them</td></tr>"
 )
 
+NOT_LIVE = (
+    '<p class="muted">This page does not refresh itself for more than {limit:,} steps: '
+    "reload it, or filter by status.</p>"
+)
+
 STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
 
 

@@ -159,6 +159,21 @@ def test_a_failed_steps_error_and_stack_trace_are_shown(console):
     assert 'data-step="' in page and "good" not in re.sub(r"<[^>]+>", " ", page).split()
 
 
+def test_a_steps_page_of_a_large_running_job_does_not_refresh_itself(console, monkeypatch):
+    from choreography_ray.console import app
+
+    fixtures.SCRIPT.behaviour["k2"].block = True
+    job_id = start(console, "k0", "k1", "k2")
+    _, page = get(console, f"/jobs/{job_id}/steps")
+    assert 'data-live="1"' in page
+    monkeypatch.setattr(app, "LIVE_STEPS", 2)
+    _, page = get(console, f"/jobs/{job_id}/steps")
+    assert 'data-live="0"' in page and "does not refresh itself for more than 2 steps" in page
+    _, page = get(console, f"/jobs/{job_id}/steps?status=running")  # one step: live again
+    assert 'data-live="1"' in page
+    fixtures.SCRIPT.release("k2")
+
+
 def test_steps_are_paged(console):
     keys = [f"k{n:02d}" for n in range(7)]
     job_id = start(console, *keys)
