@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..console.reader import status_text, waiting_for_worker
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -83,8 +84,6 @@ def job_json(job: JobState) -> dict[str, Any]:
 
 
 def _waiting(job: JobState) -> dict[str, Any] | None:
-    from ..console.pages import waiting_for_worker
-
     wait = waiting_for_worker(job)
     return None if wait is None else {"reason": wait.reason, "since": _time(wait.since)}
 
@@ -207,12 +206,6 @@ def lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int |
             cells.append(text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i]))
         out.append("  ".join(cells).rstrip())
     return out
-
-
-def status_text(job: JobState) -> str:
-    from ..console.pages import status_text as text
-
-    return text(job)
 
 
 def job_rows(jobs: Sequence[JobState], *, wide: bool, now: datetime) -> list[list[str]]:

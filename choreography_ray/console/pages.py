@@ -15,7 +15,7 @@ from ..jobs.status import JobStatus, JobStepStatus
 from ..storage.protocols import StepCounts
 from .html import bar, duration, e, key_params, path, url, when
 from .ports import ACTIONS, ClusterSnapshot
-from .reader import FAILED_STEPS, JobFilter, Page
+from .reader import FAILED_STEPS, JobFilter, Page, status_text, waiting_for_worker
 
 _NO_STAGES = (
     '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
@@ -37,20 +37,9 @@ def status_name(status: int) -> str:
         return str(status)
 
 
-def waiting_for_worker(job: JobState) -> Any:
-    """The job's wait for a worker host (`reason`, `since`), or None. Read by name: the field
-    comes with placement's wait for workers, and records without it read as not waiting."""
-    return getattr(job, "waiting_for_worker", None)
-
-
 def done_steps(job: JobState) -> int:
     p = job.progress
     return p.successful_steps + p.failed_steps + p.unreachable_steps
-
-
-def status_text(job: JobState) -> str:
-    """The status, with "(waiting)" while the job waits for a worker host."""
-    return job.status.name + (" (waiting)" if waiting_for_worker(job) is not None else "")
 
 
 def job_link(job_id: str, key: JobKey) -> str:

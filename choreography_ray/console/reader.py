@@ -9,7 +9,7 @@ end: one `count` and one `query` with `skip`/`take` per page, whatever the numbe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..jobs.errors import JobNotFoundError
 from ..jobs.state import JobKey, JobState, JobStepState
@@ -157,3 +157,14 @@ async def status_counts(reader: JobsReader, key: JobKey) -> dict[JobStatus, int]
         if n:
             counts[status] = n
     return counts
+
+
+def waiting_for_worker(job: JobState) -> Any:
+    """The job's wait for a worker host (`reason`, `since`), or None. Read by name: the field
+    comes with placement's wait for workers, and records without it read as not waiting."""
+    return getattr(job, "waiting_for_worker", None)
+
+
+def status_text(job: JobState) -> str:
+    """The status, with "(waiting)" while the job waits for a worker host."""
+    return job.status.name + (" (waiting)" if waiting_for_worker(job) is not None else "")

@@ -56,7 +56,8 @@ def test_a_drain_a_stop_under_way_and_unreadable_steps_are_stated():
 def test_a_job_waiting_for_a_worker_says_why_and_since_when():
     from types import SimpleNamespace
 
-    from choreography_ray.cli.output import job_json, status_text
+    from choreography_ray.cli.output import job_json
+    from choreography_ray.console.reader import status_text
 
     waiting = job(status=JobStatus.STARTING_STEPS)
     wait = SimpleNamespace(reason="no worker host runs rebuild-index", since=NOW)
