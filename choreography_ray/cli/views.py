@@ -152,7 +152,6 @@ def status_command(
     Example: choreography status --output json
     """
     from ..console.ray_cluster import RayClusterView
-    from ..console.reader import status_counts
     from ..runtime.arguments import job_key
     from ..runtime.constants import NAMESPACE
     from ..storage.url import redact
@@ -161,7 +160,7 @@ def status_command(
 
     async def work(reader: Any, config: Any) -> Any:
         snapshot = await RayClusterView(NAMESPACE).snapshot()
-        return snapshot, await status_counts(reader, key), config
+        return snapshot, await reader.status_counts(key), config
 
     snapshot, counts, config = _read(storage, address, work)
     if output == Output.json:

@@ -99,6 +99,17 @@ class JobsReader:
         names them: where an operator most likely wants to look."""
         return await self.provider.keys_with_jobs({*RUNNING_JOB_STATUSES, *STOP_STATUSES})
 
+    async def status_counts(self, key: JobKey) -> dict[JobStatus, int]:
+        """How many of the partition's jobs are in each status (statuses with none left out):
+        one count per status (on SQL, from the (scope, namespace, status) index)."""
+        jobs = self.provider.for_key(key).jobs
+        counts = {}
+        for status in JobStatus:
+            n = await jobs.count(JobQuery(statuses=frozenset({status}), take=0))
+            if n:
+                counts[status] = n
+        return counts
+
     async def job(self, key: JobKey, job_id: str) -> JobState:
         state = await self.provider.for_key(key).jobs.find(job_id)
         if state is None:
@@ -146,17 +157,6 @@ def parse_step_statuses(names: list[str]) -> frozenset[JobStepStatus]:
         else:
             wanted.add(parse_status(name, JobStepStatus))
     return frozenset(wanted)
-
-
-async def status_counts(reader: JobsReader, key: JobKey) -> dict[JobStatus, int]:
-    """How many of the partition's jobs are in each status (statuses with none left out)."""
-    jobs = reader.provider.for_key(key).jobs
-    counts = {}
-    for status in JobStatus:
-        n = await jobs.count(JobQuery(statuses=frozenset({status}), take=0))
-        if n:
-            counts[status] = n
-    return counts
 
 
 def waiting_for_worker(job: JobState) -> Any:
