@@ -346,6 +346,7 @@ def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "
         hosts = "<br>".join(
             f"<code>{e(h.name)}</code> ({e(h.role)}"
             + (f", {h.active_runs} live step activations" if h.active_runs is not None else "")
+            + (f", {h.live_jobs} live job activations" if h.live_jobs is not None else "")
             + (f", max {h.max_parallel_steps} in parallel" if h.max_parallel_steps else "")
             + (f", {e(h.problem)}" if h.problem else "")
             + ")"

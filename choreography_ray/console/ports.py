@@ -35,6 +35,8 @@ class HostView:
     active_runs: int | None = None
     """Live step activations (worker hosts), when the host answered."""
     max_parallel_steps: int | None = None
+    live_jobs: int | None = None
+    """Live job activations (controller hosts), when the host answered."""
     problem: str = ""
     """Why the host's figures are missing (it did not answer in time, say)."""
 

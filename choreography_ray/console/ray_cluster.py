@@ -13,8 +13,8 @@ from typing import Any
 import ray
 
 from ..jobs.errors import ConfigurationError
+from ..jobs.options import JobsOptions
 from ..jobs.registry import default_registry
-from ..placement.roles import NodeFacts, assign_roles
 from ..runtime.config import (
     ClusterConfig,
     check_same_storage,
@@ -24,6 +24,7 @@ from ..runtime.config import (
 )
 from ..runtime.constants import CONTROLLER_PREFIX, WORKER_PREFIX
 from ..runtime.directory import actor_names
+from ..runtime.node_hosts import facts_of, roles_of
 from ..runtime.remote_storage import open_cluster_storage
 from ..storage.provider import StorageProvider
 from .ports import ClusterSnapshot, HostView, NodeView
@@ -61,7 +62,8 @@ class RayClusterView:
         for name, view in zip(names, figures, strict=True):
             node_id = name.removeprefix(CONTROLLER_PREFIX).removeprefix(WORKER_PREFIX)
             hosts.setdefault(node_id.split(":")[0], []).append(view)
-        roles = {r.node_id: r for r in assign_roles(node_facts_of(nodes))}
+        options = config.jobs_options() if config is not None else JobsOptions()
+        roles = {r.node_id: r for r in roles_of(facts_of(nodes), options)}
         views = []
         for node in nodes:
             node_id = node["NodeID"]
@@ -105,11 +107,5 @@ class RayClusterView:
             role,
             active_runs=stats.get("active_runs"),
             max_parallel_steps=stats.get("max_parallel_steps"),
+            live_jobs=stats.get("live_jobs"),
         )
-
-
-def node_facts_of(nodes: list[dict[str, Any]]) -> list[NodeFacts]:
-    """`placement.roles` facts of nodes already read (one `ray.nodes()` per snapshot)."""
-    return [
-        NodeFacts(n["NodeID"], bool(n.get("Alive")), dict(n.get("Resources", {}))) for n in nodes
-    ]

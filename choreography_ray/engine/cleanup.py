@@ -1,4 +1,5 @@
-"""Housekeeping of one partition: dead-job cleanup and terminal-job retention.
+"""Housekeeping of one partition: dead-job cleanup, terminal-job retention and stored plans
+that no job needs any more.
 
 A round is bounded (`max_terminal_jobs_per_cleanup` jobs, `max_concurrent_cleanup` at once) and
 each part is isolated from the other's failure; rounds run every `cleanup_cadence` once
@@ -25,6 +26,8 @@ log = logging.getLogger("choreography_ray.engine")
 class CleanupReport:
     dead_jobs_removed: list[str] = field(default_factory=list)
     terminal_jobs_removed: list[str] = field(default_factory=list)
+    plans_removed: list[tuple[str, int]] = field(default_factory=list)
+    """(job id, incarnation) of stored plans no job needs any more."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -50,6 +53,11 @@ class Cleanup:
         except Exception as error:
             log.exception("terminal-job cleanup failed")
             report.errors.append(f"terminal-job cleanup: {error}")
+        try:
+            await self.orphaned_plans(report)
+        except Exception as error:
+            log.exception("plan cleanup failed")
+            report.errors.append(f"plan cleanup: {error}")
         return report
 
     async def dead_jobs(self, report: CleanupReport | None = None) -> list[str]:
@@ -89,6 +97,39 @@ class Cleanup:
         before = self.ctx.clock.now() - retention
         await self._each(TERMINAL_JOB_STATUSES, before, expire, report, "remove expired job")
         return report.terminal_jobs_removed
+
+    async def orphaned_plans(self, report: CleanupReport | None = None) -> list[tuple[str, int]]:
+        """Delete stored plans no job needs: its job is gone, durably terminal or a finalized
+        stop, or it is an incarnation older than the one the job records. Each plan read is
+        deleted by its own incarnation only, so a plan saved meanwhile is never touched (a
+        job records its new incarnation before it saves that plan). Bounded like the rest."""
+        report = report or CleanupReport()
+        storage = self.ctx.storage
+        if storage.plans is None:
+            return []
+        plans = storage.plans
+        stored = await plans.stored_plans(self.ctx.options.max_terminal_jobs_per_cleanup)
+        for job_id, incarnation in stored:
+            if self._is_active(job_id):
+                continue
+            job = await storage.jobs.find(job_id)
+            if job is not None and not (
+                job.status.is_terminal
+                or (job.status == JobStatus.STOPPED and job.stop_finalized)
+                or (
+                    job.stored_step_plan_incarnation is not None
+                    and incarnation < job.stored_step_plan_incarnation
+                )
+            ):
+                continue
+            try:
+                await plans.delete_plan(job_id, incarnation)
+            except Exception as error:
+                log.exception("could not delete plan %s of job %s", incarnation, job_id)
+                report.errors.append(f"{job_id}: plan {incarnation}: {error}")
+                continue
+            report.plans_removed.append((job_id, incarnation))
+        return report.plans_removed
 
     async def _each(
         self,

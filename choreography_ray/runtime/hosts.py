@@ -365,6 +365,7 @@ class ControllerHost(_Host):
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             **writes,
             "lost_steps": self.lost_steps,
+            "live_jobs": sum(len(manager.active_jobs) for manager in self.managers.values()),
             **self._membership_stats(),
             "rss_kb": rss_kb(),
         }

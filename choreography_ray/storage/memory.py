@@ -358,3 +358,7 @@ class MemoryStepPlanStorage(_Base):
         check_id(job_id, "job id")
         with self._lock:
             return len(self._p.plans.pop((job_id, incarnation), ()))
+
+    async def stored_plans(self, take: int) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._p.plans)[:take]

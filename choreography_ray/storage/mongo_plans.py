@@ -62,3 +62,16 @@ class MongoStepPlanStorage(MongoRecords):
             lambda: self._p.plans.delete_many({"jobId": job_id, "incarnation": incarnation})
         )
         return result.deleted_count
+
+    async def stored_plans(self, take: int) -> list[tuple[str, int]]:
+        def read() -> list[tuple[str, int]]:
+            groups = self._p.plans.aggregate(
+                [
+                    {"$group": {"_id": {"jobId": "$jobId", "incarnation": "$incarnation"}}},
+                    {"$sort": {"_id.jobId": ASCENDING, "_id.incarnation": ASCENDING}},
+                    {"$limit": take},
+                ]
+            )
+            return [(group["_id"]["jobId"], int(group["_id"]["incarnation"])) for group in groups]
+
+        return await self._run(read)

@@ -196,6 +196,11 @@ class StepPlanStorage(Protocol):
         """Delete that incarnation's plan only; returns how many records went."""
         ...
 
+    async def stored_plans(self, take: int) -> list[tuple[str, int]]:
+        """The (job id, incarnation) of plans stored in this partition, by job id then
+        incarnation, at most `take` of them: what cleanup checks for plans left behind."""
+        ...
+
 
 @dataclass(frozen=True)
 class JobsStorage:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -1712,3 +1712,45 @@ def test_waiting_for_a_job_another_host_runs_reads_it_again_until_it_finishes(ru
     unseen, state = run(scenario())
     assert unseen is False
     assert state is not None and state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_cleanup_deletes_stored_plans_no_job_needs_and_keeps_the_rest(run, script):
+    """A plan is orphaned when its job is gone, durably terminal or a finalized stop, or when
+    the job has moved on to a newer incarnation; a running job's current plan stays."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def job(job_id: str, status: JobStatus, incarnation: int, **fields: Any) -> JobState:
+        state = crafted_job(job_id, status, now, has_stored_step_plan=True)
+        return state.model_copy(update={"stored_step_plan_incarnation": incarnation, **fields})
+
+    async def scenario():
+        async with new_cluster() as cluster:
+            storage = cluster.storage()
+            plan = [planned_step("a")]
+            for record in (
+                job("running", JobStatus.RUNNING, 2),
+                job("done", JobStatus.COMPLETED_SUCCESSFULLY, 1),
+                job("stopped", JobStatus.STOPPED, 1, stop_finalized=True),
+                job("stopping", JobStatus.STOPPED, 1, stop_finalized=False),
+            ):
+                await storage.jobs.save(record)
+            for job_id, incarnation in (
+                ("running", 1),
+                ("running", 2),
+                ("done", 1),
+                ("stopped", 1),
+                ("stopping", 1),
+                ("gone", 3),
+            ):
+                await storage.plans.save_plan(job_id, incarnation, plan)
+            report = await cluster.manager().cleanup()
+            return report, await storage.plans.stored_plans(take=100)
+
+    report, left = run(scenario())
+    assert sorted(report.plans_removed) == [
+        ("done", 1),
+        ("gone", 3),
+        ("running", 1),
+        ("stopped", 1),
+    ]
+    assert left == [("running", 2), ("stopping", 1)]

@@ -864,6 +864,17 @@ def test_deleting_a_plan_deletes_only_that_incarnation(run, plans):
     assert run(plans.delete_plan("job", 1)) == 0
 
 
+def test_stored_plans_are_listed_by_job_and_incarnation_and_bounded(run, plans):
+    assert run(plans.stored_plans(take=10)) == []
+    run(plans.save_plan("job-b", 2, _plan(2, "b")))
+    run(plans.save_plan("job-a", 1, _plan(3, "a")))
+    run(plans.save_plan("job-b", 1, _plan(1, "c")))
+    assert run(plans.stored_plans(take=10)) == [("job-a", 1), ("job-b", 1), ("job-b", 2)]
+    assert run(plans.stored_plans(take=2)) == [("job-a", 1), ("job-b", 1)]
+    run(plans.delete_plan("job-b", 1))
+    assert run(plans.stored_plans(take=10)) == [("job-a", 1), ("job-b", 2)]
+
+
 def test_a_retried_plan_save_replaces_the_earlier_attempt(run, plans):
     run(plans.save_plan("job", 1, _plan(5, "first")))
     retry = _plan(3, "second")
