@@ -205,8 +205,10 @@ def jobs_drain(
     console.print(f"  drained: {', '.join(outcome.drained) or 'none'}")
     if outcome.not_drained:
         console.print(f"  not drained (still stopping): {', '.join(outcome.not_drained)}")
+    if outcome.result == DrainJobResult.NOT_FOUND:
+        raise typer.Exit(3)  # no job has that id, as for every other command
     if outcome.result not in (DrainJobResult.DRAINED, DrainJobResult.COMPLETED):
-        raise typer.Exit(1)  # timed out, or no such job: a script must not go on
+        raise typer.Exit(1)  # timed out: a script must not go on
 
 
 @jobs_app.command("rehydrate")

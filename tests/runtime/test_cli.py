@@ -74,9 +74,9 @@ def test_jobs_drain_stops_a_job_and_names_the_steps_that_drained(jobs):
         assert state.status == JobStatus.STOPPED and state.stop_finalized
         assert not state.pending_drain
         assert jobs.step_counts(job_id).get(JobStepStatus.STOPPED) == 2
-        assert invoke("jobs", "drain", "no-such-job").exit_code == 1
+        assert invoke("jobs", "drain", "no-such-job").exit_code == 3  # not found
         refused = invoke("jobs", "drain", job_id, "--timeout", "0")
-        assert refused.exit_code == 1 and "timeout" in refused.output
+        assert refused.exit_code == 2 and "timeout" in refused.output  # a bad value
     finally:
         ray.kill(handle)
 
