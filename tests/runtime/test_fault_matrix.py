@@ -1,0 +1,191 @@
+"""The fault matrix on a real multi-node Ray (issue 11): a job runs, a fault strikes at about a
+third of it, and storage and the steps' own side-effect table are checked afterwards.
+
+One cluster for the module — an empty head, two controller nodes and two worker nodes over
+SQLite, Ray's health checks lowered — shared by the cases in order; a case that removes a node
+adds one back (the membership watch starts its hosts). Each case asserts:
+
+- no outcome lost: the job completed, every step's stored outcome is a success;
+- none counted twice: the job counted exactly as many successes as it has steps;
+- no step whose success was stored before the fault ran again after it;
+- every step ran (the side-effect table), and the seconds from the fault to completion and
+  the steps that ran twice (only those in flight at the fault may) are printed.
+
+Storage is read directly, never through the client: a client call would activate the job by
+itself and hide whether recovery did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from choreography_ray.jobs import JobKey, JobsOptions, JobState, JobStatus
+from choreography_ray.jobs.status import JobStepStatus
+from choreography_ray.runtime.constants import worker_name
+from choreography_ray.runtime.membership import host_node
+from choreography_ray.storage import open_storage
+from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
+
+STEPS = 1500
+STEP_SECONDS = 0.05
+FAULT_AT = 0.3
+"""The share of the steps whose success is stored when the fault strikes."""
+WAIT_SECONDS = 180.0
+"""Bound of every wait for a job: recovery on a loaded 2-core machine."""
+
+OPTIONS = JobsOptions(
+    max_parallel_steps=8,
+    membership_interval="500ms",
+    job_watchdog_interval="5s",
+    reconciliation_interval="5s",
+    job_ownership_lease="6s",
+)
+
+
+@pytest.fixture(scope="module")
+def storage_url(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('faults') / 'jobs.db'}"
+
+
+@pytest.fixture(scope="module")
+def cluster(storage_url) -> Iterator[Any]:
+    from choreography_ray.testing import MultiNodeCluster
+
+    with MultiNodeCluster(
+        storage_url,
+        nodes=("none", "controller", "controller", "worker", "worker"),
+        modules=[MODULE],
+        options=OPTIONS,
+    ) as running:
+        yield running
+
+
+# -- reading storage --------------------------------------------------------------------------
+
+
+def _read(url: str, job_id: str) -> tuple[JobState | None, dict[str, JobStepStatus]]:
+    async def read() -> tuple[JobState | None, dict[str, JobStepStatus]]:
+        async with open_storage(url) as provider:
+            partition = provider.for_key(JobKey())
+            job = await partition.jobs.find(job_id)
+            steps = await partition.steps.get_all_for_job(job_id)
+            return job, {step.id: step.status for step in steps}
+
+    return asyncio.run(read())
+
+
+def _eventually(check: Callable[[], Any], what: str, within: float = WAIT_SECONDS) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Fault:
+    """A job brought to `FAULT_AT`, and what was true just before the fault."""
+
+    job_id: str
+    table: SideEffects
+    stored: frozenset[str]
+    """Steps whose success was stored before the fault."""
+    mark: int
+    """The side-effect table's position at the fault."""
+    at: float = 0.0
+
+
+def _run_until_fault(
+    cluster: Any, url: str, tmp_path: Path, steps: int = STEPS, at: float = FAULT_AT
+) -> Fault:
+    table = SideEffects(tmp_path / "effects.db")
+    job_id = cluster.jobs.start(
+        RecordRuns, Effects(table=str(table.path), steps=steps, step_seconds=STEP_SECONDS)
+    )
+
+    def far_enough() -> frozenset[str] | None:
+        _, statuses = _read(url, job_id)
+        done = frozenset(
+            s for s, st in statuses.items() if st == JobStepStatus.COMPLETED_SUCCESSFULLY
+        )
+        return done if len(done) >= at * steps else None
+
+    stored = _eventually(far_enough, f"{at:.0%} of the job's steps stored")
+    return Fault(job_id, table, stored, table.mark(), time.monotonic())
+
+
+def _check_recovered(url: str, fault: Fault, what: str, steps: int = STEPS) -> None:
+    def finished() -> JobState | None:
+        job, _ = _read(url, fault.job_id)
+        return job if job is not None and job.status.is_terminal else None
+
+    job = _eventually(finished, f"{what}: the job finished")
+    seconds = time.monotonic() - fault.at
+    _, statuses = _read(url, fault.job_id)
+    runs = fault.table.by_step()
+    twice = sorted(step for step, found in runs.items() if len(found) > 1)
+    print(f"\n{what}: completed {seconds:.2f} s after the fault; {len(twice)} step(s) ran twice")
+
+    assert job.status == JobStatus.COMPLETED_SUCCESSFULLY, what
+    assert job.progress.successful_steps == steps  # none lost, none counted twice
+    assert len(statuses) == steps
+    assert set(statuses.values()) == {JobStepStatus.COMPLETED_SUCCESSFULLY}
+    assert set(runs) == set(statuses)  # every step ran
+    again = set(fault.table.by_step(after=fault.mark))
+    assert again & fault.stored == set(), "a step whose success was stored ran again"
+
+
+def _owner_node(url: str, job_id: str) -> str:
+    job, _ = _read(url, job_id)
+    assert job is not None and job.owner is not None
+    return host_node(job.owner.host)
+
+
+# -- the cases, in order ----------------------------------------------------------------------
+
+
+def test_1_a_worker_node_removed_mid_run(cluster, storage_url, tmp_path) -> None:
+    fault = _run_until_fault(cluster, storage_url, tmp_path)
+    node_id = cluster.remove_node("worker")
+    fault.at = time.monotonic()
+    print(f"\nRay declared the worker node dead after {cluster.wait_node_dead(node_id):.2f} s")
+    _check_recovered(storage_url, fault, "worker node removed")
+
+    joined = cluster.add_node("worker")  # back to two: the watch starts its worker host
+    _eventually(lambda: worker_name(joined) in cluster.host_names(), "the new worker host")
+
+
+def test_2_the_owning_controller_node_removed_mid_run(cluster, storage_url, tmp_path) -> None:
+    fault = _run_until_fault(cluster, storage_url, tmp_path)
+    owner = _owner_node(storage_url, fault.job_id)
+    assert cluster.remove_node(owner) == owner
+    fault.at = time.monotonic()
+    _check_recovered(storage_url, fault, "owning controller node removed")
+    assert _owner_node(storage_url, fault.job_id) != owner  # another controller finished it
+
+    cluster.add_node("controller")
+
+
+def test_5_a_worker_host_killed_while_its_node_lives(cluster, storage_url, tmp_path) -> None:
+    fault = _run_until_fault(cluster, storage_url, tmp_path)
+    victim = worker_name(cluster.nodes("worker")[0].node_id)
+    cluster.kill_host(victim)
+    fault.at = time.monotonic()
+    _check_recovered(storage_url, fault, "worker host killed (SIGKILL)")
+
+
+def test_6_the_whole_cluster_restarted_at_forty_percent(cluster, storage_url, tmp_path) -> None:
+    fault = _run_until_fault(cluster, storage_url, tmp_path, at=0.4)
+    fault.at = time.monotonic()
+    cluster.restart()  # every process killed; the layout started again over the same storage
+    _check_recovered(storage_url, fault, "whole cluster restarted")
