@@ -108,6 +108,10 @@ class ControllerParticipant:
         return name.startswith(CONTROLLER_PREFIX)
 
     async def hosts_lost(self, names: set[str]) -> None:
+        """The routing table drops them first, so the steps sent again go to live hosts
+        only (a call to a host on a dead node may hang until `host_call_timeout`)."""
+        for name in sorted(names):
+            self.host.routes.forget(name)
         await self.host.hosts_lost(names)
 
     async def hosts_changed(self) -> None:

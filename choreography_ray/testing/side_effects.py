@@ -47,7 +47,7 @@ class RecordRun(JobStep[Effects, Effects, int], name="choreography.testing.recor
         return request
 
     async def perform(self, state: Effects, ctx: StepContext) -> int:
-        await asyncio.to_thread(_record, state.table, ctx.step_id, state.n)
+        await asyncio.to_thread(_record, state.table, ctx.job_id, ctx.step_id, state.n)
         if state.step_seconds > 0:
             await asyncio.sleep(state.step_seconds)
         return state.n
@@ -68,6 +68,7 @@ class Run:
     """One run of a step, as it began: `seq` orders runs across every process."""
 
     seq: int
+    job_id: str
     step_id: str
     n: int
     run: str
@@ -75,8 +76,8 @@ class Run:
 
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, step_id TEXT, "
-    "n INTEGER, run TEXT, at REAL)"
+    "CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT, "
+    "step_id TEXT, n INTEGER, run TEXT, at REAL)"
 )
 
 
@@ -86,12 +87,12 @@ def _connect(path: str) -> sqlite3.Connection:
     return connection
 
 
-def _record(path: str, step_id: str, n: int) -> None:
+def _record(path: str, job_id: str, step_id: str, n: int) -> None:
     with _connect(path) as connection:
         connection.execute(_SCHEMA)
         connection.execute(
-            "INSERT INTO runs (step_id, n, run, at) VALUES (?, ?, ?, ?)",
-            (step_id, n, uuid.uuid4().hex, time.time()),
+            "INSERT INTO runs (job_id, step_id, n, run, at) VALUES (?, ?, ?, ?, ?)",
+            (job_id, step_id, n, uuid.uuid4().hex, time.time()),
         )
 
 
@@ -113,7 +114,8 @@ class SideEffects:
         """Every run that began after position `after`, in order."""
         with _connect(str(self.path)) as connection:
             rows = connection.execute(
-                "SELECT seq, step_id, n, run, at FROM runs WHERE seq > ? ORDER BY seq", (after,)
+                "SELECT seq, job_id, step_id, n, run, at FROM runs WHERE seq > ? ORDER BY seq",
+                (after,),
             ).fetchall()
         return [Run(*row) for row in rows]
 
