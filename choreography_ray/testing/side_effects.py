@@ -14,10 +14,12 @@ module touches neither Ray nor storage: hosts import it by name (`modules=[MODUL
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,9 @@ from ..jobs.step import JobStep, StepContext
 
 MODULE = __name__
 """The module hosts import to know these job types."""
+HOOKS_TABLE_ENV = "CHOREOGRAPHY_TESTING_HOOKS_TABLE"
+"""The environment variable naming the table `RecordRuns.on_stopped` records in."""
+ON_STOPPED = "on_stopped"
 
 
 class Effects(BaseModel):
@@ -37,6 +42,8 @@ class Effects(BaseModel):
     """The SQLite file every run is recorded in."""
     steps: int = 1
     step_seconds: float = 0.0
+    stop_seconds: float = 0.0
+    """How long a run that is told to stop keeps working before it stops."""
     n: int = 0
 
 
@@ -48,13 +55,27 @@ class RecordRun(JobStep[Effects, Effects, int], name="choreography.testing.recor
 
     async def perform(self, state: Effects, ctx: StepContext) -> int:
         await asyncio.to_thread(_record, state.table, ctx.job_id, ctx.step_id, state.n)
-        if state.step_seconds > 0:
-            await asyncio.sleep(state.step_seconds)
+        try:
+            if state.step_seconds > 0:
+                await asyncio.sleep(state.step_seconds)
+        except asyncio.CancelledError:
+            if state.stop_seconds > 0:
+                await asyncio.sleep(state.stop_seconds)  # a stop that takes its time
+            raise
         return state.n
 
 
 class RecordRuns(Job[Effects], name="choreography.testing.record-runs"):
+    """Its `on_stopped` hook records a run of step `ON_STOPPED` in the table named by the
+    hosts' environment variable `HOOKS_TABLE_ENV`, when it is set (a hook sees no request)."""
+
     keep_after_completed = True
+
+    def on_stopped(self) -> Awaitable[None] | None:
+        path = os.environ.get(HOOKS_TABLE_ENV)
+        if path:
+            return asyncio.to_thread(_record, path, self.info.id, ON_STOPPED, -1)
+        return None
 
     def prepare_steps(self, request: Effects) -> list[StepDetails]:
         return [
