@@ -199,8 +199,8 @@ def test_2_the_owning_controller_node_removed_mid_run(cluster, storage_url, tmp_
         pytest.param(
             "remove",
             marks=pytest.mark.xfail(
-                reason="seen on the engine of 2026-11-30: the new owner holds the job in "
-                "Removing with every step record Removing, and the removal never completes",
+                reason="seen in one of two runs on the engine of 2026-11-30: the new owner "
+                "held the job in Removing with every step record Removing, for good",
                 strict=False,
             ),
         ),
