@@ -177,7 +177,7 @@ def test_1_a_worker_node_removed_mid_run(cluster, storage_url, tmp_path) -> None
     print(f"\nRay declared the worker node dead after {cluster.wait_node_dead(node_id):.2f} s")
     _check_recovered(storage_url, fault, "worker node removed")
 
-    joined = cluster.add_node("worker")  # back to two: the watch starts its worker host
+    joined = cluster.add_node("worker").node_id  # back to two: the watch starts its host
     _eventually(lambda: worker_name(joined) in cluster.host_names(), "the new worker host")
 
 

@@ -44,7 +44,7 @@ def test_lost_hosts_leave_the_routing_table_before_the_steps_are_sent_again(run:
     # Measured: without it, steps sent again right after a node's death went back to its
     # dead worker host, and the job waited for the call's bound (benchmarks/RESULTS.md).
     host = _Host()
-    participant = ControllerParticipant(host, worker_class=object)  # type: ignore[arg-type]
+    participant = ControllerParticipant(host, object, cluster=None)  # type: ignore[arg-type]
     gone = worker_name("dead")
     run(participant.hosts_lost({gone}))
     assert host.calls == [f"forget {gone}", f"lost ['{gone}']"]
