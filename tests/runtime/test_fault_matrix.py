@@ -199,7 +199,7 @@ def test_2_the_owning_controller_node_removed_mid_run(cluster, storage_url, tmp_
         pytest.param(
             "remove",
             marks=pytest.mark.xfail(
-                reason="seen in one of two runs on the engine of 2026-11-30: the new owner "
+                reason="seen in one of three runs on the engine of 2026-11-30: the new owner "
                 "held the job in Removing with every step record Removing, for good",
                 strict=False,
             ),
