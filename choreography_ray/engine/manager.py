@@ -26,6 +26,7 @@ from ..jobs.errors import (
     OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
+    StartJobError,
     UnknownTypeError,
     VersionConflictError,
 )
@@ -217,7 +218,18 @@ class JobsManager:
         if existing is None:
             stored = await self.ctx.storage.jobs.find(job_id)
             if stored is not None:
-                activation = self._new_activation(stored)
+                # Starting an existing job answers what it is; the activation that answers
+                # claims the job like any other (a start must not run a job another live host
+                # owns, nor one whose owner is gone without taking it over).
+                try:
+                    activation = await self.activate(job_id)
+                except OwnedElsewhereError:
+                    refusal = (
+                        StartJobError.ALREADY_COMPLETED
+                        if stored.status.is_terminal
+                        else StartJobError.ALREADY_BEEN_PREPARED
+                    )
+                    return JobStartResult(job_id, refusal)
                 return await activation.start(request)
         else:
             return await existing.start(request)

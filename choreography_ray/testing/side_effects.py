@@ -44,6 +44,9 @@ class Effects(BaseModel):
     step_seconds: float = 0.0
     stop_seconds: float = 0.0
     """How long a run that is told to stop keeps working before it stops."""
+    prepare_seconds: float = 0.0
+    """How long preparing each step takes (on the controller host), to catch a job mid-way
+    through preparing its steps."""
     n: int = 0
 
 
@@ -51,6 +54,8 @@ class RecordRun(JobStep[Effects, Effects, int], name="choreography.testing.recor
     """Records its run, then works for `step_seconds`; its outcome is its number."""
 
     def initialize_state(self, request: Effects) -> Effects:
+        if request.prepare_seconds:
+            time.sleep(request.prepare_seconds)
         return request
 
     async def perform(self, state: Effects, ctx: StepContext) -> int:

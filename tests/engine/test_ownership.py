@@ -70,3 +70,27 @@ def test_a_job_whose_owner_is_gone_is_taken_over_by_compare_and_set(run, cluster
     state = run(scenario())
     assert state.owner.host == "host-b"
     assert state.status == JobStatus.STOPPED
+
+
+def test_starting_an_existing_job_again_claims_it_like_any_activation(run, cluster, script):
+    """A start with the id of a job another live host owns answers what the job is and takes
+    nothing; one whose owner is gone is taken over, so the activation it leaves owns the job."""
+    from choreography_ray.jobs import StartJobError
+
+    script.behaviour["a"].block = True
+    alive = {"host-a", "host-b"}
+    first, second = host(cluster, "host-a", alive), host(cluster, "host-b", alive)
+
+    async def scenario():
+        await first.start(ScenarioJob, request("a"), job_id="j")
+        await cluster.settle()
+        again = await second.start(ScenarioJob, request("a"), job_id="j")
+        kept = (await cluster.storage().jobs.get("j")).owner.host
+        alive.discard("host-a")  # host-a dies
+        taken = await second.start(ScenarioJob, request("a"), job_id="j")
+        return again, kept, taken, await cluster.storage().jobs.get("j"), second.live("j")
+
+    again, kept, taken, stored, live = run(scenario())
+    assert again.error == StartJobError.ALREADY_BEEN_PREPARED and kept == "host-a"
+    assert taken.error == StartJobError.ALREADY_BEEN_PREPARED
+    assert stored.owner.host == "host-b" and live is not None

@@ -204,6 +204,39 @@ def test_2_the_owning_controller_node_removed_mid_run(cluster, storage_url, tmp_
     _another_controller(cluster)
 
 
+def test_3_the_owning_controller_removed_while_the_job_prepares_its_steps(
+    cluster, storage_url, tmp_path
+) -> None:
+    """The job resumes from its saved plan on another controller host: the steps prepared
+    before the fault are kept, the rest are prepared, and every step runs once."""
+    steps = 2_000
+    table = SideEffects(tmp_path / "effects.db")
+    job_id = f"preparing-{time.monotonic_ns()}"
+    request = Effects(table=str(table.path), steps=steps, prepare_seconds=0.003)
+    starting = threading.Thread(  # start() answers once the steps are dispatched: too late
+        target=_quietly,
+        args=(lambda job: cluster.jobs.start(RecordRuns, request, job_id=job), job_id),
+    )
+    starting.start()
+
+    def preparing_with_some_stored() -> bool:
+        job, statuses = _read(storage_url, job_id)
+        return job is not None and job.status == JobStatus.PREPARING_STEPS and len(statuses) > 0
+
+    _eventually(preparing_with_some_stored, "the job preparing, some steps stored")
+    owner = _owner_node(storage_url, job_id)
+    assert cluster.remove_node(owner) == owner
+    fault = Fault(job_id, table, frozenset(), table.mark(), time.monotonic())
+    starting.join(timeout=WAIT_SECONDS)
+    _, prepared = _read(storage_url, job_id)
+    assert 0 < len(prepared) < steps  # the fault came mid-way through the preparation
+    _check_recovered(storage_url, fault, "controller removed while preparing", steps=steps)
+    assert all(len(runs) == 1 for runs in table.by_step().values())  # none ran twice
+    assert _owner_node(storage_url, job_id) != owner
+
+    _another_controller(cluster)
+
+
 @pytest.mark.parametrize("operation", ["stop", "remove"])
 def test_4_the_owning_controller_removed_mid_stop_and_mid_remove(
     cluster, storage_url, hooks, tmp_path, operation
