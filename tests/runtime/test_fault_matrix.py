@@ -284,6 +284,68 @@ def test_4_the_owning_controller_removed_mid_stop_and_mid_remove(
     _another_controller(cluster)
 
 
+def test_4_a_drain_whose_owning_controller_is_removed_completes_on_another(
+    cluster, storage_url, hooks, tmp_path
+) -> None:
+    """The pending drain survives its controller: the next activation finishes it (every step
+    stopped and stored, the drain no longer pending, `on_stopped` once)."""
+    table = SideEffects(tmp_path / "effects.db")
+    job_id = cluster.jobs.start(
+        RecordRuns, Effects(table=str(table.path), steps=24, step_seconds=600, stop_seconds=4)
+    )
+    _eventually(lambda: len(table.runs()) >= 8, "steps running")
+    owner = _owner_node(storage_url, job_id)
+    asking = threading.Thread(
+        target=_quietly, args=(lambda job: cluster.jobs.drain(job, timeout=60), job_id)
+    )
+    asking.start()
+    _eventually(
+        lambda: (j := _read(storage_url, job_id)[0]) is not None and j.pending_drain,
+        "the drain pending",
+    )
+    assert cluster.remove_node(owner) == owner
+    fault = time.monotonic()
+    asking.join(timeout=WAIT_SECONDS)
+    job = _eventually(
+        lambda: (j := _read(storage_url, job_id)[0]) is not None and j.stop_finalized and j,
+        "the drain finished",
+    )
+    print(f"\ndrain: finished {time.monotonic() - fault:.2f} s after the fault")
+    assert job.status == JobStatus.STOPPED and not job.pending_drain
+    _, statuses = _read(storage_url, job_id)
+    assert JobStepStatus.RUNNING not in set(statuses.values())
+    assert [run.step_id for run in hooks.runs() if run.job_id == job_id] == [ON_STOPPED]
+    _another_controller(cluster)
+
+
+def test_4_a_stop_whose_worker_node_dies_mid_stop_finishes(
+    cluster, storage_url, hooks, tmp_path
+) -> None:
+    """Steps stopping on a worker node that dies cannot report: they count as stopped, and the
+    stop finishes once the others have reported (`on_stopped` once)."""
+    table = SideEffects(tmp_path / "effects.db")
+    job_id = cluster.jobs.start(
+        RecordRuns, Effects(table=str(table.path), steps=24, step_seconds=600, stop_seconds=4)
+    )
+    _eventually(lambda: len(table.runs()) >= 8, "steps running")
+    asking = threading.Thread(target=_quietly, args=(cluster.jobs.stop, job_id))
+    asking.start()
+    _eventually(lambda: _status(storage_url, job_id) == JobStatus.STOPPED, "the job STOPPED")
+    node_id = cluster.remove_node("worker")
+    fault = time.monotonic()
+    asking.join(timeout=WAIT_SECONDS)
+    job = _eventually(
+        lambda: (j := _read(storage_url, job_id)[0]) is not None and j.stop_finalized and j,
+        "the stop finished",
+    )
+    print(f"\nstop, worker node lost: finished {time.monotonic() - fault:.2f} s after the fault")
+    assert job.status == JobStatus.STOPPED
+    assert [run.step_id for run in hooks.runs() if run.job_id == job_id] == [ON_STOPPED]
+    joined = cluster.add_node("worker").node_id  # back to two worker nodes
+    _eventually(lambda: worker_name(joined) in cluster.host_names(), "the new worker host")
+    assert node_id != joined
+
+
 def _status(url: str, job_id: str) -> JobStatus | None:
     job, _ = _read(url, job_id)
     return None if job is None else job.status
