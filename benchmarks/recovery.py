@@ -32,6 +32,7 @@ from choreography_ray.jobs.status import JobStepStatus
 from choreography_ray.storage import open_storage
 from choreography_ray.testing import MultiNodeCluster
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
+from choreography_ray.testing.waiting import eventually
 
 POLL = 0.05
 
@@ -55,14 +56,7 @@ def _successes(url: str, job_id: str) -> int:
 
 
 def _until(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(POLL)
+    return eventually(check, what, within, every=POLL)
 
 
 def _finished(url: str, job_id: str) -> bool:

@@ -19,19 +19,14 @@ from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .recount import Recount
-from .run import payload_tuple
+from .worker import FINISHED, stored_outcome
 
 NOTIFY_RETRY_DELAY = 1.0
 """Seconds before a failed stop notification is sent again; doubled after every failure."""
 NOTIFY_RETRY_CAP = 60.0
 
 _STOPPING = (JobStatus.STOPPED, JobStatus.REMOVING)
-_SETTLED = (
-    JobStepStatus.COMPLETED_SUCCESSFULLY,
-    JobStepStatus.COMPLETED_WITH_FAILURE,
-    JobStepStatus.FAILED,
-    JobStepStatus.UNREACHABLE,
-)
+_SETTLED = FINISHED | {JobStepStatus.FAILED}
 
 
 class Stopping:
@@ -249,22 +244,8 @@ class Stopping:
             return {}
         core = self.core
         states = await core.ctx.storage.steps.get_many(core.id, step_ids)
-        return {
-            step.id: StepReport(
-                step_id=step.id,
-                status=step.status,
-                generation=step.generation,
-                attempt=step.attempt,
-                stage=step.stage,
-                name=step.name,
-                result=payload_tuple(
-                    step.result or (step.error.partial_result if step.error else None)
-                ),
-                error=step.error,
-            )
-            for step in states
-            if step.status in _SETTLED
-        }
+        found = (stored_outcome(step, _SETTLED) for step in states)
+        return {report.step_id: report for report in found if report is not None}
 
     def tell_later(self, step_ids: set[str]) -> None:
         """Steps another operation could not tell to stop: keep them tracked and retry."""

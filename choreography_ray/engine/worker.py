@@ -520,14 +520,22 @@ def _settled(start: StepStart, state: JobStepState) -> StartResult | None:
     return None
 
 
-def stored_outcome(state: JobStepState) -> StepReport | None:
-    """The report of a step whose stored record holds its outcome (else None): a job that
-    never heard it counts it from here."""
-    if state.status in (
+FINISHED = frozenset(
+    {
         JobStepStatus.COMPLETED_SUCCESSFULLY,
         JobStepStatus.COMPLETED_WITH_FAILURE,
         JobStepStatus.UNREACHABLE,
-    ):
+    }
+)
+"""Stored statuses that are a step's outcome (a failed one may still get another attempt)."""
+
+
+def stored_outcome(
+    state: JobStepState, statuses: frozenset[JobStepStatus] = FINISHED
+) -> StepReport | None:
+    """The report of a step whose stored record holds its outcome (one of `statuses`), else
+    None: a job that never heard it counts it from here."""
+    if state.status in statuses:
         return StepReport(
             step_id=state.id,
             status=state.status,

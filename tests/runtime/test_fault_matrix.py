@@ -41,6 +41,7 @@ from choreography_ray.testing.side_effects import (
     RecordRuns,
     SideEffects,
 )
+from choreography_ray.testing.waiting import eventually
 
 STEPS = 1500
 STEP_SECONDS = 0.05
@@ -98,14 +99,7 @@ def _read(url: str, job_id: str) -> tuple[JobState | None, dict[str, JobStepStat
 
 
 def _eventually(check: Callable[[], Any], what: str, within: float = WAIT_SECONDS) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
-        time.sleep(0.1)
+    return eventually(check, what, within)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 
 from choreography_ray.jobs import JobsOptions, JobStatus
 from choreography_ray.runtime.constants import NAMESPACE, controller_name, worker_name
+from choreography_ray.testing.waiting import eventually
 
 from .conftest import ROOT
 from .multinode_jobs import Where, WhereJob, nodes_recorded
@@ -41,14 +42,7 @@ def cluster(tmp_path_factory) -> Iterator[Any]:
 
 
 def _eventually(check: Callable[[], Any], what: str, within: float = WAIT_SECONDS) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
-        time.sleep(0.1)
+    return eventually(check, what, within)
 
 
 def _controller_stats(cluster: Any) -> dict[str, Any]:
