@@ -16,6 +16,10 @@ from ..jobs.errors import StartJobStepError
 from ..jobs.state import JobKey, StepError
 from ..jobs.status import JobStepStatus
 
+Prepared = tuple[str, str, int, str, Any, int]
+"""A step's record as its job just prepared and stored it: (step type, name, stage, state
+type, state data, stored version)."""
+
 
 class StepStart(NamedTuple):
     """Tuples, not dataclasses: thousands cross a process boundary per second."""
@@ -23,6 +27,11 @@ class StepStart(NamedTuple):
     step_id: str
     generation: int
     attempt: int = 1
+    prepared: Prepared | None = None
+    """Set on a step's first start after its job prepared it in the same activation: the
+    worker builds the record from it instead of reading it back. The record's version makes
+    its first write a compare-and-set against what the job stored, so a record that changed
+    meanwhile is found stale, as a read one would be."""
 
 
 class StartOutcome(IntEnum):
@@ -97,7 +106,7 @@ class SettledStops:
 
 _STEP_STATUSES = {int(status): status for status in JobStepStatus}
 
-PackedStart = tuple[str, int, int]
+PackedStart = tuple[str, int, int, Prepared | None]
 PackedReport = tuple[Any, ...]
 """A `StepReport`'s fields in order, its status as an int."""
 

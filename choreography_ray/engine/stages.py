@@ -132,11 +132,12 @@ class Stages:
         chosen: list[StepStart] = []
         generation = self.record.state.execution_generation
         waiting, counted, tracked = ledger.waiting, ledger.counted, ledger.tracked
+        fresh = ledger.fresh
         while waiting and len(chosen) < room:
             step_id, attempt = waiting.popleft()
             if step_id in counted or step_id in tracked:
                 continue
-            chosen.append(StepStart(step_id, generation, attempt))
+            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None)))
         if not chosen:
             return 0
         stage_of = ledger.stage_of

@@ -18,6 +18,7 @@ from ..jobs.status import JobStatus
 from . import progress as counting
 from .activation import PREPARE_BATCH, ActivationCore, JobStartResult
 from .context import error_messages, maybe_await
+from .ledger import FRESH_LIMIT
 from .outcomes import Outcomes
 from .planning import InvalidPlan, build_plan, plan_size
 from .record import Released
@@ -261,7 +262,7 @@ class Starting:
         counters.step_batches += 1
         counters.step_rows += len(batch)
         try:
-            await self.core.ctx.storage.steps.save_many(batch)
+            versions = await self.core.ctx.storage.steps.save_many(batch)
         except VersionConflictError as conflict:
             # Already stored by an earlier, interrupted preparation: keep those records.
             lost = set(conflict.conflicts)
@@ -272,6 +273,13 @@ class Starting:
             ]
             if rest:
                 await self._store_prepared(rest)
+            return
+        fresh = self.ledger.fresh
+        if len(fresh) + len(batch) <= FRESH_LIMIT:
+            for step, version in zip(batch, versions, strict=True):
+                state = step.state
+                assert state is not None
+                fresh[step.id] = (step.type, step.name, step.stage, state.type, state.data, version)
 
     async def _enter_running(self, *, resuming: bool) -> JobStartResult:
         """Write Running and dispatch. A start that reaches no worker fails its steps on a clean

@@ -13,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
-from ..jobs.registry import TypeKind, TypeRegistry
+from ..jobs.registry import Payload, TypeKind, TypeRegistry, trusted
 from ..jobs.state import JobKey, JobStepState
 from ..jobs.status import JobStepStatus
 from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import (
+    Prepared,
     SettledStops,
     StartOutcome,
     StartResult,
@@ -48,6 +50,8 @@ log = logging.getLogger("choreography_ray.engine")
 
 _MAX_DELIVERIES = 8
 """Report sends in flight at once, per worker."""
+_TURN_SECONDS = 0.0005
+"""How long a runner performs runs back to back before it lets the loop's other work in."""
 
 
 class StepWorker:
@@ -174,11 +178,15 @@ class StepWorker:
         self._loop = asyncio.get_running_loop()
         if self.closed:
             return [_failed(s.step_id, "the worker is shutting down") for s in starts]
-        storage = self.storage_for(job_key)
         stored = {
-            state.id: state
-            for state in await storage.steps.get_many(job_id, [s.step_id for s in starts])
+            start.step_id: _record(job_id, start.step_id, start.prepared)
+            for start in starts
+            if start.prepared is not None
         }
+        unknown = [start.step_id for start in starts if start.prepared is None]
+        if unknown:
+            for state in await self.storage_for(job_key).steps.get_many(job_id, unknown):
+                stored[state.id] = state
         elsewhere = await self._running_elsewhere(job_key, job_id, stored)
         queued: list[StepRun] = []
         results = [
@@ -331,6 +339,7 @@ class StepWorker:
         task = asyncio.current_task()
         assert task is not None
         queue = self._queue
+        turn_ends = time.perf_counter() + _TURN_SECONDS
         try:
             while not self.closed and self._performing < self.max_parallel_steps:
                 run = queue.pop()
@@ -346,8 +355,13 @@ class StepWorker:
                 while task.cancelling():  # a stop that landed in the run's work, handled
                     task.uncancel()
                 # Work that never waits (a no-op step) would let one runner take the whole
-                # queue in one go, while outcome writes, reports and incoming batches wait.
-                await asyncio.sleep(0)
+                # queue in one go, while outcome writes, reports and incoming batches wait:
+                # the runner yields once its turn has lasted `_TURN_SECONDS`. Yielding after
+                # every run instead cost a loop turn per step with one slot.
+                now = time.perf_counter()
+                if now >= turn_ends:
+                    await asyncio.sleep(0)
+                    turn_ends = time.perf_counter() + _TURN_SECONDS
         finally:
             self._runners -= 1
 
@@ -495,6 +509,21 @@ class StepWorker:
 
 async def _call(fn: Callable[..., None], *args: Any) -> None:
     fn(*args)
+
+
+def _record(job_id: str, step_id: str, prepared: Prepared) -> JobStepState:
+    """The record a job just prepared and stored, as it sent it with the step's first start."""
+    step_type, name, stage, state_type, state_data, version = prepared
+    state = JobStepState.prepared(
+        id=step_id,
+        job_id=job_id,
+        type=step_type,
+        name=name,
+        stage=stage,
+        state=trusted(Payload, type=state_type, data=state_data),
+    )
+    state.version = version
+    return state
 
 
 def _failed(step_id: str, reason: str) -> StartResult:

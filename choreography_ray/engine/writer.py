@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,8 +20,10 @@ from ..storage.protocols import JobsStorage
 
 log = logging.getLogger("choreography_ray.engine")
 
-_GATHER_TURNS = 16
-"""Loop turns a flush may wait while changes keep arriving."""
+_GATHER_TURNS = 512
+"""Loop turns a flush may wait while every turn brings more changes."""
+_GATHER_SECONDS = 0.004
+"""And how long, at most: a bound on the latency the gathering adds to an outcome."""
 
 
 class StaleRecord(Exception):
@@ -88,14 +91,17 @@ class StepWriter:
 
     async def _flush_loop(self) -> None:
         await asyncio.sleep(0)  # let the changes of this loop turn join the batch
-        # While every turn brings more changes (a few runners finishing one run per turn),
-        # wait a few turns more: one commit for many records rather than one for each.
+        # While every turn brings more changes (one runner finishing a quick run per turn, as
+        # with one slot), wait more turns: one commit, and one report, for many records rather
+        # than for a few. A turn that brings nothing ends the wait, so a lone outcome is
+        # written at once.
+        until = time.perf_counter() + _GATHER_SECONDS
         for _ in range(_GATHER_TURNS):
             waiting = len(self._dirty)
             if waiting >= self.max_batch:
                 break
             await asyncio.sleep(0)
-            if len(self._dirty) == waiting:
+            if len(self._dirty) == waiting or time.perf_counter() > until:
                 break
         while self._dirty:
             batch = list(self._dirty.values())[: self.max_batch]

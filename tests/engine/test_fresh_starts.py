@@ -1,0 +1,122 @@
+"""A step's first start carries the record its job just prepared, so the worker need not read
+it back; the record's version keeps that as safe as the read it replaces. And the stage
+cursor's count of outcomes per stage, which replaced a scan of the stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from choreography_ray.engine.ledger import StepLedger
+from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
+from choreography_ray.storage.protocols import JobsStorage
+from choreography_ray.testing import InProcessCluster
+
+from .fixtures import ScenarioJob, request
+
+
+class CountedReads:
+    """Step storage that counts the step records read by `get_many`."""
+
+    def __init__(self, inner: Any, reads: list[str]) -> None:
+        self._inner = inner
+        self._reads = reads
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def get_many(self, job_id: str, step_ids: Any) -> Any:
+        self._reads.extend(step_ids)
+        return await self._inner.get_many(job_id, step_ids)
+
+
+def _counting(reads: list[str]):
+    def wrap(storage: JobsStorage) -> JobsStorage:
+        return JobsStorage(
+            key=storage.key,
+            jobs=storage.jobs,
+            steps=CountedReads(storage.steps, reads),
+            plans=storage.plans,
+        )
+
+    return wrap
+
+
+def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, script):
+    reads: list[str] = []
+    cluster = InProcessCluster(
+        options=JobsOptions(max_parallel_steps=8), wrap_storage=_counting(reads)
+    )
+
+    async def scenario():
+        await cluster.provider.initialize()
+        started = await cluster.start(ScenarioJob, request(*(f"k{n}" for n in range(40))))
+        state = await cluster.wait(started.job_id)
+        stored = await cluster.storage().steps.get_for_job(started.job_id)
+        return state, stored
+
+    try:
+        state, stored = run(scenario())
+    finally:
+        run(cluster.close())
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 40
+    assert {s.status for s in stored} == {JobStepStatus.COMPLETED_SUCCESSFULLY}
+    assert reads == []  # every record came with its start
+
+
+def test_a_prepared_record_changed_before_its_first_start_is_not_overwritten(run, cluster, script):
+    """Between the job's insert and the worker's first write, the record changed in storage
+    (another writer): the worker's write is a compare-and-set on the version the job stored,
+    so the run finds it stale and writes nothing over it."""
+    real = cluster.start_steps
+    changed: list[str] = []
+
+    async def changing_one(job_key, job_id, job_type, starts, sticky):
+        first = starts[0]
+        assert first.prepared is not None
+        [state] = await cluster.storage().steps.get_many(job_id, [first.step_id])
+        state.name = "changed elsewhere"
+        await cluster.storage().steps.save(state)
+        changed.append(first.step_id)
+        return await real(job_key, job_id, job_type, starts, sticky)
+
+    cluster.start_steps = changing_one
+
+    async def scenario():
+        started = await cluster.start(ScenarioJob, request("a", "b", "c"))
+        await cluster.settle()
+        return await cluster.storage().steps.get_many(started.job_id, changed)
+
+    [record] = run(scenario())
+    assert record.name == "changed elsewhere"
+    assert record.status == JobStepStatus.UNKNOWN  # the run wrote nothing over it
+    assert record.version == 2
+
+
+def test_a_stage_is_done_once_every_step_of_it_is_counted_and_not_before():
+    ledger = StepLedger()
+    ledger.index([("a", 0, "a"), ("b", 0, "b"), ("c", 1, "c")])
+    ledger.counted.add("a")
+    ledger.counted.add("a")  # counting twice counts once
+    assert not ledger.stage_done(0)
+    ledger.counted.add("b")
+    assert ledger.stage_done(0)
+    assert ledger.first_open_stage() == 1
+    ledger.counted.discard("b")  # an outcome taken back (a stop followed by the success)
+    assert not ledger.stage_done(0)
+    assert ledger.first_open_stage() == 0
+    ledger.counted.clear()
+    assert not ledger.stage_done(0)
+    ledger.counted.update(["a", "b"])
+    assert ledger.stage_done(0)
+    ledger.counted.clear()
+    ledger.counted |= {"a", "b"}
+    assert ledger.stage_done(0)
+
+
+def test_steps_counted_before_their_stages_are_known_count_once_they_are():
+    ledger = StepLedger()
+    ledger.counted.add("a")
+    ledger.counted.add("b")
+    ledger.index([("a", 0, "a"), ("b", 0, "b")])
+    assert ledger.stage_done(0)
