@@ -19,7 +19,7 @@ from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .recount import Recount
-from .worker import FINISHED, stored_outcome
+from .stored_steps import FINISHED, stored_outcome
 
 NOTIFY_RETRY_DELAY = 1.0
 """Seconds before a failed stop notification is sent again; doubled after every failure."""

@@ -26,7 +26,7 @@ from .context import maybe_await
 from .messages import StepReport
 from .outcomes import Outcomes
 from .record import Released
-from .worker import stored_outcome
+from .stored_steps import stored_outcome
 
 
 class Moves(Protocol):

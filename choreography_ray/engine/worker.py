@@ -1,11 +1,12 @@
 """The worker: a node's step runs, its throttle, group-committed outcomes, batched reports.
 
-A worker receives starts in batches, loads the steps' records in one read, and queues runs
+A worker receives starts in batches, loads the steps' records in one read (a step's first
+start brings its record: `stored_steps`), and queues runs
 (`run.StepRun`). At most `max_parallel_steps` runs perform at once, each on a runner task of
 its own slot; slots are shared round-robin between the jobs that have queued runs
 (`run_queue.RunQueue`), so a small job is never starved by a large one. Outcomes go through the
 group-committing `StepWriter`; only once an outcome is durable is it reported to the job, in
-batches per job.
+batches per job (`outbox.Outbox`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from typing import Any
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
-from ..jobs.registry import Payload, TypeKind, TypeRegistry, trusted
+from ..jobs.registry import TypeKind, TypeRegistry
 from ..jobs.state import JobKey, JobStepState
-from ..jobs.status import JobStepStatus
 from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import (
-    Prepared,
     SettledStops,
     StartOutcome,
     StartResult,
@@ -34,22 +33,16 @@ from .messages import (
     StopRequest,
     StopResult,
 )
+from .outbox import Outbox
 from .ports import JobReporter, StepPeers
-from .run import (
-    CallbackRejected,
-    RunKey,
-    StepMetrics,
-    StepRun,
-    SyncStepRunner,
-    payload_tuple,
-)
+from .run import StepRun
+from .run_host import CallbackRejected, RunKey, StepMetrics, SyncStepRunner
 from .run_queue import RunQueue
+from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
-_MAX_DELIVERIES = 8
-"""Report sends in flight at once, per worker."""
 _TURN_SECONDS = 0.0005
 """How long a runner performs runs back to back before it lets the loop's other work in."""
 
@@ -90,9 +83,7 @@ class StepWorker:
         self._performing = 0
         self._runners = 0
         self._writers: dict[JobKey, StepWriter] = {}
-        self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
-        self._report_task: asyncio.Task[None] | None = None
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self.outbox = Outbox(reporter, options, clock, lambda: self.closed)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
         self.closed = False
@@ -161,9 +152,7 @@ class StepWorker:
         return bool(
             (self._queue and self._performing < self.max_parallel_steps)
             or self.sync_runner.in_flight
-            or self._reports
-            or (self._report_task is not None and not self._report_task.done())
-            or self._deliveries
+            or self.outbox.busy
             or any(w.busy for w in self._writers.values())
         )
 
@@ -179,7 +168,7 @@ class StepWorker:
         if self.closed:
             return [_failed(s.step_id, "the worker is shutting down") for s in starts]
         stored = {
-            start.step_id: _record(job_id, start.step_id, start.prepared)
+            start.step_id: prepared_record(job_id, start.step_id, start.prepared)
             for start in starts
             if start.prepared is not None
         }
@@ -187,7 +176,7 @@ class StepWorker:
         if unknown:
             for state in await self.storage_for(job_key).steps.get_many(job_id, unknown):
                 stored[state.id] = state
-        elsewhere = await self._running_elsewhere(job_key, job_id, stored)
+        elsewhere = await running_elsewhere(self.peers, self.host, job_key, job_id, stored)
         queued: list[StepRun] = []
         results = [
             StartResult(
@@ -200,50 +189,6 @@ class StepWorker:
         self._queue.extend((job_key, job_id), queued)
         self._pump()
         return results
-
-    async def _running_elsewhere(
-        self, job_key: JobKey, job_id: str, stored: dict[str, JobStepState]
-    ) -> dict[str, str]:
-        """Steps whose record says another live worker host runs them, and which host: that
-        host is asked (one call per host), and a step it still runs is not started here, so
-        its work never runs twice at once. A host that is gone or does not answer runs
-        nothing."""
-        if self.peers is None:
-            return {}
-        asked: dict[str, list[JobStepState]] = {}
-        for state in stored.values():
-            lease = state.lease
-            if (
-                state.status == JobStepStatus.RUNNING
-                and lease is not None
-                and lease.host
-                and lease.host != self.host  # this name's earlier incarnation runs nothing
-            ):
-                asked.setdefault(lease.host, []).append(state)
-        if not asked:
-            return {}
-
-        async def ask(host: str, states: list[JobStepState]) -> dict[str, str]:
-            assert self.peers is not None
-            try:
-                activation, running = await self.peers.running(
-                    host, job_key, job_id, [state.id for state in states]
-                )
-            except Exception:
-                return {}
-            runs = set(running)
-            return {
-                state.id: host
-                for state in states
-                if state.id in runs
-                and state.lease is not None
-                and state.lease.activation == activation
-            }
-
-        found: dict[str, str] = {}
-        for answer in await asyncio.gather(*(ask(h, s) for h, s in asked.items())):
-            found.update(answer)
-        return found
 
     def held(self, job_key: JobKey, job_id: str) -> list[str]:
         """Every step of the job with a run here (performing, queued or settling)."""
@@ -278,9 +223,9 @@ class StepWorker:
             if existing.generation >= start.generation and existing.attempt >= start.attempt:
                 return StartResult(start.step_id, StartOutcome.ALREADY_STARTED)
             existing.cancel(removing=False)  # an older run: it reports its stop, then ends
-        settled = _settled(start, state)
-        if settled is not None:
-            return settled
+        answer = settled(start, state)
+        if answer is not None:
+            return answer
         try:
             step_class = self.registry.resolve(state.type, TypeKind.STEP)
         except ChoreographyError as error:
@@ -314,7 +259,7 @@ class StepWorker:
             return
         if self._runs.get(key) is not run or self.closed:
             return
-        if not stored or _settled(StepStart(key.step_id, run.generation, run.attempt), stored[0]):
+        if not stored or settled(StepStart(key.step_id, run.generation, run.attempt), stored[0]):
             # The older run finished the step after all (or it is gone): its report counts.
             run.end()
             return
@@ -439,59 +384,9 @@ class StepWorker:
                 answer.timed_out.append(run.step_id)
         return answer
 
-    # -- reporting ------------------------------------------------------------------------
-
     def enqueue_report(self, key: RunKey, report: StepReport) -> None:
-        self._reports.setdefault((key.job_key, key.job_id), []).append(report)
-        if self._report_task is None or self._report_task.done():
-            self._report_task = asyncio.get_running_loop().create_task(self._send_reports())
-
-    async def _send_reports(self) -> None:
-        """Send what is queued, without waiting for earlier sends to be answered.
-
-        An answer comes back only as fast as this busy process gets to it; waiting for each
-        before the next send would hold every later outcome back by that much. At most
-        `_MAX_DELIVERIES` sends are in flight; outcomes queued meanwhile go in the next.
-        """
-        await asyncio.sleep(0)
-        while self._reports:
-            while len(self._deliveries) >= _MAX_DELIVERIES:
-                await asyncio.wait(self._deliveries, return_when=asyncio.FIRST_COMPLETED)
-            batches, self._reports = self._reports, {}
-            loop = asyncio.get_running_loop()
-            for (key, job_id), reports in batches.items():
-                task = loop.create_task(self._deliver(key, job_id, reports))
-                self._deliveries.add(task)
-                task.add_done_callback(self._deliveries.discard)
-
-    async def _deliver(self, key: JobKey, job_id: str, reports: list[StepReport]) -> None:
-        """Send a batch, retrying with backoff. A removal's report is not bounded by
-        `step_delivery_max_attempts`: it goes on while this worker lives, until the job hears
-        it (a job that no longer exists answers that there is nothing left to report)."""
-        delay = self.options.step_delivery_retry_delay.total_seconds()
-        cap = self.options.max_step_delivery_retry_delay.total_seconds()
-        limit = self.options.step_delivery_max_attempts
-        if any(report.status == JobStepStatus.REMOVING for report in reports):
-            limit = None
-        attempt = 0
-        while not self.closed:
-            attempt += 1
-            try:
-                await self.reporter.report(key, job_id, reports)
-                return
-            except Exception as error:
-                if attempt == limit:
-                    log.warning(
-                        "gave up reporting %d outcome(s) to job %s: %s; they are in storage "
-                        "for the job to recount",
-                        len(reports),
-                        job_id,
-                        error,
-                    )
-                    return
-                log.info("report to job %s failed (%s); retrying in %.1fs", job_id, error, delay)
-                await self.clock.sleep(delay)
-                delay = min(cap, delay * 2)
+        """A run's durable outcome, for its job."""
+        self.outbox.put(key.job_key, key.job_id, report)
 
     # -- shutting down --------------------------------------------------------------------
 
@@ -511,71 +406,5 @@ async def _call(fn: Callable[..., None], *args: Any) -> None:
     fn(*args)
 
 
-def _record(job_id: str, step_id: str, prepared: Prepared) -> JobStepState:
-    """The record a job just prepared and stored, as it sent it with the step's first start."""
-    step_type, name, stage, state_type, state_data, version = prepared
-    state = JobStepState.prepared(
-        id=step_id,
-        job_id=job_id,
-        type=step_type,
-        name=name,
-        stage=stage,
-        state=trusted(Payload, type=state_type, data=state_data),
-    )
-    state.version = version
-    return state
-
-
 def _failed(step_id: str, reason: str) -> StartResult:
     return StartResult(step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, reason)
-
-
-def _settled(start: StepStart, state: JobStepState) -> StartResult | None:
-    """The answer to a start of a step whose record says it needs no run, else None."""
-    finished = stored_outcome(state)
-    if finished is not None:
-        retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
-            start.attempt > state.attempt
-        )
-        if not retry:
-            return StartResult(start.step_id, StartOutcome.COMPLETED, report=finished)
-    if state.status == JobStepStatus.FAILED:
-        return StartResult(
-            start.step_id,
-            StartOutcome.FAILED,
-            StartJobStepError.UNRECOVERABLE_FAILED_STATE,
-            "the step failed unrecoverably",
-        )
-    return None
-
-
-FINISHED = frozenset(
-    {
-        JobStepStatus.COMPLETED_SUCCESSFULLY,
-        JobStepStatus.COMPLETED_WITH_FAILURE,
-        JobStepStatus.UNREACHABLE,
-    }
-)
-"""Stored statuses that are a step's outcome (a failed one may still get another attempt)."""
-
-
-def stored_outcome(
-    state: JobStepState, statuses: frozenset[JobStepStatus] = FINISHED
-) -> StepReport | None:
-    """The report of a step whose stored record holds its outcome (one of `statuses`), else
-    None: a job that never heard it counts it from here."""
-    if state.status in statuses:
-        return StepReport(
-            step_id=state.id,
-            status=state.status,
-            generation=state.generation,
-            attempt=state.attempt,
-            stage=state.stage,
-            name=state.name,
-            result=payload_tuple(
-                state.result or (state.error.partial_result if state.error else None)
-            ),
-            error=state.error,
-            non_retryable=bool(state.error and state.error.non_retryable),
-        )
-    return None

@@ -25,7 +25,7 @@ from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, StopResult
 from ..engine.ports import Dispatched
-from ..engine.run import SyncStepRunner
+from ..engine.run_host import SyncStepRunner
 from ..engine.worker import StepWorker
 from ..jobs.errors import JobNotFoundError
 from ..jobs.job import Job

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from choreography_ray.engine.messages import StopRequest, StopResult
-from choreography_ray.engine.run import CallbackRejected
+from choreography_ray.engine.run_host import CallbackRejected
 from choreography_ray.jobs import (
     CannotResumeJobError,
     DrainJobResult,

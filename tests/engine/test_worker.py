@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from choreography_ray.engine.messages import StepStart, StopRequest
-from choreography_ray.engine.run import RunKey, StepRun
+from choreography_ray.engine.run import StepRun
+from choreography_ray.engine.run_host import RunKey
 from choreography_ray.engine.writer import Tracked
 from choreography_ray.jobs import (
     JobKey,

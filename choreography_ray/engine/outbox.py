@@ -1,0 +1,100 @@
+"""A worker's outbox: durable outcomes on their way to their jobs, in batches per job.
+
+An outcome is reported only once it is durable (the run's write completed). Sends do not wait
+for one another: at most `MAX_DELIVERIES` are in flight, and outcomes queued meanwhile go in
+the next batch, so a busy controller's slow answers hold nothing back. A failed send is retried
+with backoff; a removal's report goes on until the job hears it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ..jobs.options import JobsOptions
+from ..jobs.state import JobKey
+from ..jobs.status import JobStepStatus
+from .clock import Clock
+from .messages import StepReport
+from .ports import JobReporter
+
+log = logging.getLogger("choreography_ray.engine")
+
+MAX_DELIVERIES = 8
+"""Report sends in flight at once, per worker."""
+
+
+class Outbox:
+    """Batches a worker's reports per job and delivers them."""
+
+    def __init__(
+        self,
+        reporter: JobReporter,
+        options: JobsOptions,
+        clock: Clock,
+        closed: Callable[[], bool],
+    ) -> None:
+        """`closed` says whether the worker shuts down: delivery then stops retrying."""
+        self.reporter = reporter
+        self.options = options
+        self.clock = clock
+        self._closed = closed
+        self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
+
+    @property
+    def busy(self) -> bool:
+        """Reports queued or on their way."""
+        return bool(
+            self._reports or (self._task is not None and not self._task.done()) or self._deliveries
+        )
+
+    def put(self, job_key: JobKey, job_id: str, report: StepReport) -> None:
+        """Queue a durable outcome for its job."""
+        self._reports.setdefault((job_key, job_id), []).append(report)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        """Send what is queued, without waiting for earlier sends to be answered."""
+        await asyncio.sleep(0)
+        while self._reports:
+            while len(self._deliveries) >= MAX_DELIVERIES:
+                await asyncio.wait(self._deliveries, return_when=asyncio.FIRST_COMPLETED)
+            batches, self._reports = self._reports, {}
+            loop = asyncio.get_running_loop()
+            for (key, job_id), reports in batches.items():
+                task = loop.create_task(self._deliver(key, job_id, reports))
+                self._deliveries.add(task)
+                task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+        """Send a batch, retrying with backoff. A removal's report is not bounded by
+        `step_delivery_max_attempts`: it goes on while the worker lives, until the job hears
+        it (a job that no longer exists answers that there is nothing left to report)."""
+        delay = self.options.step_delivery_retry_delay.total_seconds()
+        cap = self.options.max_step_delivery_retry_delay.total_seconds()
+        limit = self.options.step_delivery_max_attempts
+        if any(report.status == JobStepStatus.REMOVING for report in reports):
+            limit = None
+        attempt = 0
+        while not self._closed():
+            attempt += 1
+            try:
+                await self.reporter.report(key, job_id, reports)
+                return
+            except Exception as error:
+                if attempt == limit:
+                    log.warning(
+                        "gave up reporting %d outcome(s) to job %s: %s; they are in storage "
+                        "for the job to recount",
+                        len(reports),
+                        job_id,
+                        error,
+                    )
+                    return
+                log.info("report to job %s failed (%s); retrying in %.1fs", job_id, error, delay)
+                await self.clock.sleep(delay)
+                delay = min(cap, delay * 2)

@@ -1,0 +1,128 @@
+"""What a worker reads from a step's record before it runs the step: whether the record
+already holds the step's outcome (the start is answered with it, nothing runs), and the record
+a job sent with a step's first start; and whether another live host runs the step."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..jobs.errors import StartJobStepError
+from ..jobs.registry import Payload, trusted
+from ..jobs.state import JobKey, JobStepState
+from ..jobs.status import JobStepStatus
+from .messages import Prepared, StartOutcome, StartResult, StepReport, StepStart
+from .ports import StepPeers
+from .run_host import payload_tuple
+
+
+def prepared_record(job_id: str, step_id: str, prepared: Prepared) -> JobStepState:
+    """The record a job just prepared and stored, as it sent it with the step's first start."""
+    step_type, name, stage, state_type, state_data, version = prepared
+    state = JobStepState.prepared(
+        id=step_id,
+        job_id=job_id,
+        type=step_type,
+        name=name,
+        stage=stage,
+        state=trusted(Payload, type=state_type, data=state_data),
+    )
+    state.version = version
+    return state
+
+
+def settled(start: StepStart, state: JobStepState) -> StartResult | None:
+    """The answer to a start of a step whose record says it needs no run, else None."""
+    finished = stored_outcome(state)
+    if finished is not None:
+        retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
+            start.attempt > state.attempt
+        )
+        if not retry:
+            return StartResult(start.step_id, StartOutcome.COMPLETED, report=finished)
+    if state.status == JobStepStatus.FAILED:
+        return StartResult(
+            start.step_id,
+            StartOutcome.FAILED,
+            StartJobStepError.UNRECOVERABLE_FAILED_STATE,
+            "the step failed unrecoverably",
+        )
+    return None
+
+
+FINISHED = frozenset(
+    {
+        JobStepStatus.COMPLETED_SUCCESSFULLY,
+        JobStepStatus.COMPLETED_WITH_FAILURE,
+        JobStepStatus.UNREACHABLE,
+    }
+)
+"""Stored statuses that are a step's outcome (a failed one may still get another attempt)."""
+
+
+def stored_outcome(
+    state: JobStepState, statuses: frozenset[JobStepStatus] = FINISHED
+) -> StepReport | None:
+    """The report of a step whose stored record holds its outcome (one of `statuses`), else
+    None: a job that never heard it counts it from here."""
+    if state.status in statuses:
+        return StepReport(
+            step_id=state.id,
+            status=state.status,
+            generation=state.generation,
+            attempt=state.attempt,
+            stage=state.stage,
+            name=state.name,
+            result=payload_tuple(
+                state.result or (state.error.partial_result if state.error else None)
+            ),
+            error=state.error,
+            non_retryable=bool(state.error and state.error.non_retryable),
+        )
+    return None
+
+
+async def running_elsewhere(
+    peers: StepPeers | None,
+    host: str,
+    job_key: JobKey,
+    job_id: str,
+    stored: dict[str, JobStepState],
+) -> dict[str, str]:
+    """Steps whose record says another live worker host runs them, and which host: that
+    host is asked (one call per host), and a step it still runs is not started here, so
+    its work never runs twice at once. A host that is gone or does not answer runs
+    nothing."""
+    if peers is None:
+        return {}
+    asked: dict[str, list[JobStepState]] = {}
+    for state in stored.values():
+        lease = state.lease
+        if (
+            state.status == JobStepStatus.RUNNING
+            and lease is not None
+            and lease.host
+            and lease.host != host  # this name's earlier incarnation runs nothing
+        ):
+            asked.setdefault(lease.host, []).append(state)
+    if not asked:
+        return {}
+
+    async def ask(peer: str, states: list[JobStepState]) -> dict[str, str]:
+        assert peers is not None
+        try:
+            activation, running = await peers.running(
+                peer, job_key, job_id, [state.id for state in states]
+            )
+        except Exception:
+            return {}
+        runs = set(running)
+        return {
+            state.id: peer
+            for state in states
+            if state.id in runs and state.lease is not None and state.lease.activation == activation
+        }
+
+    found: dict[str, str] = {}
+    for answer in await asyncio.gather(*(ask(p, s) for p, s in asked.items())):
+        found.update(answer)
+    return found
