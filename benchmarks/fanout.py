@@ -174,7 +174,7 @@ def fanout(args: argparse.Namespace, workdir: Path) -> None:
                 run, cpu = _measured(run_fanout, config.jobs, n, config.storage, config.name)
                 config.runs.append(run)
                 config.cpu.append(cpu)
-            for peer in peers:
+            for peer in peers if n <= args.peer_max and len(ray_seconds) <= args.peer_runs else ():
                 for storage_kind in _peer_storages(configs):
                     label = f"{peer} ({storage_kind})"
                     peer_rates.setdefault(label, []).append(
@@ -404,6 +404,10 @@ def main() -> None:
     )
     parser.add_argument("--postgres", default=POSTGRES, help="the pg-* configurations' server")
     parser.add_argument("--peers", default="", help="comma-separated, of: dbos")
+    parser.add_argument(
+        "--peer-runs", type=int, default=1, help="runs of each peer per N (they are slow)"
+    )
+    parser.add_argument("--peer-max", type=int, default=10_000, help="the largest N a peer runs at")
     parser.add_argument(
         "--actor-per-step", action="store_true", help="also one detached actor per step"
     )
