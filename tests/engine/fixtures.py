@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from choreography_ray.jobs.job import Job, JobStageFailureBehavior, JobStepDispatchContext
 from choreography_ray.jobs.step import JobStep, StepContext, StepFailed
+from choreography_ray.storage.protocols import JobsStorage
 
 
 class ScenarioRequest(BaseModel):
@@ -201,3 +203,14 @@ class WindowJob(ScenarioJob, name="scenario.window-job"):
 
 def request(*keys: str, stages: dict[str, int] | None = None) -> ScenarioRequest:
     return ScenarioRequest(keys=list(keys), stages=stages or {})
+
+
+def wrap_steps(make: Callable[[Any], Any]) -> Callable[[JobsStorage], JobsStorage]:
+    """An `InProcessCluster(wrap_storage=...)` that wraps the step storage only, in `make`."""
+
+    def wrap(storage: JobsStorage) -> JobsStorage:
+        return JobsStorage(
+            key=storage.key, jobs=storage.jobs, steps=make(storage.steps), plans=storage.plans
+        )
+
+    return wrap

@@ -8,10 +8,9 @@ from typing import Any
 
 from choreography_ray.engine.ledger import StepLedger
 from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
-from choreography_ray.storage.protocols import JobsStorage
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import ScenarioJob, request
+from .fixtures import ScenarioJob, request, wrap_steps
 
 
 class CountedReads:
@@ -29,22 +28,11 @@ class CountedReads:
         return await self._inner.get_many(job_id, step_ids)
 
 
-def _counting(reads: list[str]):
-    def wrap(storage: JobsStorage) -> JobsStorage:
-        return JobsStorage(
-            key=storage.key,
-            jobs=storage.jobs,
-            steps=CountedReads(storage.steps, reads),
-            plans=storage.plans,
-        )
-
-    return wrap
-
-
 def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, script):
     reads: list[str] = []
     cluster = InProcessCluster(
-        options=JobsOptions(max_parallel_steps=8), wrap_storage=_counting(reads)
+        options=JobsOptions(max_parallel_steps=8),
+        wrap_storage=wrap_steps(lambda steps: CountedReads(steps, reads)),
     )
 
     async def scenario():

@@ -24,10 +24,9 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.jobs.state import JobStepState, StepLease
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
-from choreography_ray.storage.protocols import JobsStorage
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request
+from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request, wrap_steps
 
 
 class Lingering:
@@ -224,15 +223,10 @@ def test_a_waiting_start_whose_record_cannot_be_read_again_ends_instead_of_linge
 ):
     switch = {"failing": False}
 
-    def wrap(storage: JobsStorage) -> JobsStorage:
-        return JobsStorage(
-            key=storage.key,
-            jobs=storage.jobs,
-            steps=FailingReads(storage.steps, switch),
-            plans=storage.plans,
-        )
-
-    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap)
+    cluster = InProcessCluster(
+        options=JobsOptions(max_parallel_steps=8),
+        wrap_storage=wrap_steps(lambda steps: FailingReads(steps, switch)),
+    )
 
     async def scenario():
         await cluster.provider.initialize()
