@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..jobs.errors import DrainOutcome, ResumeJobSuccess
+from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJobSuccess
 from ..jobs.job import Job
 from ..jobs.state import JobState
 from ..jobs.status import JobStatus
@@ -216,31 +216,55 @@ class JobActivation:
         if self._drain_task is None or self._drain_task.done():
             self._drain_task = self._core.spawn(self._drain())
 
+    async def deliver_to_removal(self, reports: Sequence[StepReport]) -> None:
+        """Reports to a job being removed, counted in the job's turn before the sender is
+        answered: when finishing the removal fails, the sender gets the error
+        (`RemoveJobFailed`, code `UNKNOWN`) and reports again, which runs the finish again
+        (the seed's "a removal finishes even when a report fails"). A job already cleared
+        answers that nothing is left to report."""
+        async with self._core.turn:
+            if self._record.released:
+                return
+            failed = await self._handle(reports)
+        if failed is not None:
+            raise RemoveJobFailed(
+                f"job {self.id}: finishing the removal failed ({failed}); report again",
+                code=RemoveJobError.UNKNOWN,
+            )
+
     async def _drain(self) -> None:
         record = self._record
-        handle = self._outcomes.handle
-        stages = self._stages
         while self._inbox and not record.released:
             async with self._core.turn:
                 batch, self._inbox = self._inbox, []
                 if record.released:
                     return
-                try:
-                    for report in batch:
-                        if await handle(report):
-                            stages.retry(report)
-                    status = record.state.status
-                    if status == JobStatus.RUNNING:
-                        await stages.advance(dispatch_failures_fail=False)
-                    elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
-                        await self._stopping.finish_if_settled()
-                    await record.save_progress()
-                except Released:
-                    return
-                except Exception:
-                    self._core.log.exception("job %s: handling step outcomes failed", self.id)
-                    record.release("handling step outcomes failed")
-                    return
+                await self._handle(batch)
+
+    async def _handle(self, batch: Sequence[StepReport]) -> Exception | None:
+        """Count a batch of reports and move the job on; the caller holds the turn. Returns
+        why finishing a removal failed in this turn, else None."""
+        record = self._record
+        handle = self._outcomes.handle
+        stages = self._stages
+        failed = None
+        try:
+            for report in batch:
+                if await handle(report):
+                    stages.retry(report)
+            status = record.state.status
+            if status == JobStatus.RUNNING:
+                await stages.advance(dispatch_failures_fail=False)
+            elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
+                failed = await self._stopping.finish_if_settled()
+            await record.save_progress()
+        except Released:
+            pass
+        except Exception as error:
+            self._core.log.exception("job %s: handling step outcomes failed", self.id)
+            record.release("handling step outcomes failed")
+            return error
+        return failed
 
 
 __all__ = ["JobActivation", "JobStartResult", "Released"]

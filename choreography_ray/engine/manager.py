@@ -36,6 +36,7 @@ from ..jobs.state import JobOwner, JobState
 from ..jobs.status import (
     RUNNING_JOB_STATUSES,
     STOP_STATUSES,
+    JobStatus,
 )
 from ..storage.protocols import JobQuery, StepCounts
 from .cleanup import Cleanup, CleanupReport
@@ -319,7 +320,10 @@ class JobsManager:
         await activation.remove()
 
     async def deliver(self, job_id: str, reports: Sequence[StepReport]) -> None:
-        """Outcomes from a worker. A job whose activation is gone is activated and recounted."""
+        """Outcomes from a worker. A job whose activation is gone is activated and recounted.
+
+        Reports to a job being removed are answered once counted, with an error when finishing
+        the removal failed (the worker then reports again); any other report is queued."""
         live = self._activations.get(job_id)
         if live is None or live.released:
             try:
@@ -332,6 +336,9 @@ class JobsManager:
                     await live.resume(recovering=True)
                 except ChoreographyError as error:
                     log.warning("job %s could not be recovered for a report: %s", job_id, error)
+        if live.state.status == JobStatus.REMOVING:
+            await live.deliver_to_removal(reports)
+            return
         live.deliver(reports)
 
     async def hosts_lost(self, hosts: frozenset[str]) -> int:

@@ -43,12 +43,16 @@ class Outbox:
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._backing_off = 0
+        """Deliveries waiting out a retry's backoff on the clock: they do not move by themselves."""
 
     @property
     def busy(self) -> bool:
-        """Reports queued or on their way."""
+        """Reports queued or on their way (a delivery waiting out a backoff is not moving)."""
         return bool(
-            self._reports or (self._task is not None and not self._task.done()) or self._deliveries
+            self._reports
+            or (self._task is not None and not self._task.done())
+            or len(self._deliveries) > self._backing_off
         )
 
     def put(self, job_key: JobKey, job_id: str, report: StepReport) -> None:
@@ -96,5 +100,9 @@ class Outbox:
                     )
                     return
                 log.info("report to job %s failed (%s); retrying in %.1fs", job_id, error, delay)
-                await self.clock.sleep(delay)
+                self._backing_off += 1
+                try:
+                    await self.clock.sleep(delay)
+                finally:
+                    self._backing_off -= 1
                 delay = min(cap, delay * 2)

@@ -288,17 +288,20 @@ class Stopping:
             except Exception:
                 core.log.exception("job %s: finishing the stop failed", core.id)
 
-    async def finish_if_settled(self) -> None:
-        """Once no step runs any more: `on_stopped`, and a removal clears the job.
+    async def finish_if_settled(self) -> Exception | None:
+        """Once no step runs any more: `on_stopped`, and a removal clears the job. Returns why
+        finishing a removal failed here, else None.
 
         A removal whose finish fails (`on_stopped` raises, or clearing the job fails) is
-        finished again on the job's own timer, 1 s doubling to 60 s, until the job is cleared."""
+        finished again by the next report (its sender is answered with the error, see
+        `JobActivation.deliver_to_removal`) and on the job's own timer, 1 s doubling to 60 s,
+        until the job is cleared."""
         record = self.record
         state = record.state
         if state.stop_finalized or not state.progress.is_stopped:
-            return
+            return None
         if self.ledger.tracked:
-            return
+            return None
         if state.status != JobStatus.REMOVING:
             try:
                 await self.core.hook("on_stopped")
@@ -310,7 +313,7 @@ class Stopping:
                 # A finalized stop is left alone from now on, as a terminal state is: its
                 # stored plan would be orphaned (a resume reads the steps, not the plan).
                 await record.delete_plan(state.stored_step_plan_incarnation)
-            return
+            return None
         try:
             await self._finish_removal()
         except Exception as error:
@@ -322,9 +325,10 @@ class Stopping:
             )
             self._finish_error = error
             self._finish_later()
-            return
+            return error
         self._finish_error = None
         self._finish_delay = NOTIFY_RETRY_DELAY
+        return None
 
     async def _finish_removal(self) -> None:
         record = self.record

@@ -19,7 +19,7 @@ from ..engine.messages import (
     pack_starts,
 )
 from ..engine.ports import Dispatched
-from ..jobs.errors import HostError, NoEligibleJobWorker
+from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
 from ..placement.capability import HostAdvert
 from ..placement.choice import Placement
@@ -207,5 +207,7 @@ class RayReporter:
                     self.controllers[(job_key, job_id)] = candidate  # it took the job over
                 return
             except Exception as error:  # that host is gone: any live one takes the job over
+                if isinstance(getattr(error, "cause", error), JobOperationError):
+                    raise  # the job answered (its removal's finish failed): report again later
                 last = error
         raise ConnectionError(f"no controller host took the outcomes of job {job_id}: {last}")

@@ -4,6 +4,8 @@ removals). One test per behaviour the seed states, named after it; in-process, f
 from __future__ import annotations
 
 import asyncio
+import itertools
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -547,37 +549,157 @@ def test_a_removal_report_goes_on_past_the_delivery_attempts_until_the_job_hears
     assert stored is None
 
 
-def test_a_failed_removal_finish_is_retried_by_the_job_until_the_job_is_cleared(
-    run, cluster, script
+class FailingClears(WriteFaults):
+    """Storage whose first `times` deletions of a job's steps (a removal's clear) fail."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+
+    def _check(self, what: str) -> None:
+        if what == "steps.remove_all_for_job" and self.times > 0:
+            self.times -= 1
+            self.writes += 1
+            self.log.append(what)
+            raise StorageUnavailableError("injected failure: clearing the job")
+        super()._check(what)
+
+
+def answered_reports(cluster, monkeypatch) -> list[tuple[float, Any]]:
+    """Every report batch the worker sends, with when it was answered and how: None for
+    success, else the error's code."""
+    deliver = cluster.report
+    start = cluster.clock.now()
+    answers: list[tuple[float, Any]] = []
+
+    async def report(job_key, job_id, reports):
+        elapsed = (cluster.clock.now() - start).total_seconds()
+        try:
+            await deliver(job_key, job_id, reports)
+        except Exception as error:
+            answers.append((elapsed, getattr(error, "code", type(error))))
+            raise
+        answers.append((elapsed, None))
+
+    monkeypatch.setattr(cluster, "report", report)
+    return answers
+
+
+def test_a_failed_removal_finish_answers_the_report_with_an_error_and_its_next_report_finishes_it(
+    run, script, monkeypatch
 ):
-    """on_stopped throws: the job retries the finish on its own timer (1 s doubling to 60 s);
-    Remove() on the job runs the finish again and answers Unknown while it fails, and
-    JobIsAlreadyBeingRemoved once it does not."""
+    """The seed: clearing the job fails, so the step's report is answered with an error; the
+    step reports again (after the delivery delay, here 0.5 s: before the job's own timer at
+    1 s), which runs the finish again, and the job is cleared. The step counts once."""
+    faults = FailingClears(times=1)
+    cluster = InProcessCluster(
+        options=JobsOptions(step_delivery_retry_delay=timedelta(seconds=0.5)),
+        wrap_storage=faults.wrap,
+    )
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            answers = answered_reports(cluster, monkeypatch)
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            activation = cluster.manager().activation(result.job_id)
+            await cluster.manager().remove(result.job_id)
+            await cluster.settle()
+            failed = await cluster.storage().jobs.find(result.job_id)
+            await cluster.advance(0.5)  # the step's next report: the job's timer is not due
+            cleared = await cluster.storage().jobs.find(result.job_id)
+            steps = await cluster.storage().steps.count_for_job(result.job_id)
+            await cluster.advance(120)  # the timer finds nothing left to finish
+            return answers, failed, cleared, steps, activation.counters
+
+    answers, failed, cleared, steps, counters = run(scenario())
+    assert answers == [(0.0, RemoveJobError.UNKNOWN), (0.5, None)]
+    assert failed is not None and failed.status == JobStatus.REMOVING
+    assert cleared is None and steps == 0
+    assert faults.log.count("steps.remove_all_for_job") == 2
+    assert script.hooks.count("on_stopped") == 2  # a failed finish runs it again
+    assert script.hooks.count("on_step_completed_or_stopped") == 1
+    assert counters.ignored_reports == 1  # the second report is not counted again
+
+
+def test_a_failed_removal_finish_is_retried_by_the_job_until_the_job_is_cleared(run, script):
+    """on_stopped throws: the job retries the finish on its own timer (1 s doubling to 60 s),
+    with no report to trigger it (the worker's next one is an hour away); Remove() on the job
+    runs the finish again and answers Unknown while it fails, and the job is cleared once it
+    does not."""
+    cluster = InProcessCluster(
+        options=JobsOptions(
+            step_delivery_retry_delay=timedelta(hours=1),
+            max_step_delivery_retry_delay=timedelta(hours=1),
+        )
+    )
     script.fail_hooks.add("on_stopped")
     script.behaviour["a"].block = True
 
     async def scenario():
-        result = await cluster.start(ScenarioJob, request("a"))
-        await cluster.settle()
-        await cluster.manager().remove(result.job_id)
-        await cluster.settle()
-        first = script.hooks.count("on_stopped")
-        await cluster.advance(1)
-        await cluster.advance(2)
-        retried = script.hooks.count("on_stopped")
-        with pytest.raises(RemoveJobFailed) as failing:
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
             await cluster.manager().remove(result.job_id)
-        still = await cluster.storage().jobs.find(result.job_id)
-        script.fail_hooks.clear()
-        await cluster.advance(4)
-        return first, retried, failing.value.code, still, result.job_id
+            await cluster.settle()
+            first = script.hooks.count("on_stopped")
+            await cluster.advance(1)
+            await cluster.advance(2)
+            retried = script.hooks.count("on_stopped")
+            with pytest.raises(RemoveJobFailed) as failing:
+                await cluster.manager().remove(result.job_id)
+            still = await cluster.storage().jobs.find(result.job_id)
+            script.fail_hooks.clear()
+            await cluster.advance(4)
+            cleared = await cluster.storage().jobs.find(result.job_id)
+            steps = await cluster.storage().steps.count_for_job(result.job_id)
+            return first, retried, failing.value.code, still, cleared, steps
 
-    first, retried, code, still, job_id = run(scenario())
+    first, retried, code, still, cleared, steps = run(scenario())
     assert first == 1 and retried == 3
     assert code == RemoveJobError.UNKNOWN
     assert still is not None and still.status == JobStatus.REMOVING
-    assert run(cluster.storage().jobs.find(job_id)) is None
-    assert run(cluster.storage().steps.count_for_job(job_id)) == 0
+    assert cleared is None and steps == 0
+    assert script.hooks.count("on_step_completed_or_stopped") == 1
+
+
+def test_the_jobs_finish_timer_doubles_to_sixty_seconds_past_the_delivery_attempts(
+    run, script, monkeypatch
+):
+    """The job's own retries of a failed removal finish are not bounded by
+    `step_delivery_max_attempts` (2 here): 1 s doubling to 60 s, until the job is cleared."""
+    cluster = InProcessCluster(
+        options=JobsOptions(
+            step_delivery_max_attempts=2,
+            step_delivery_retry_delay=timedelta(hours=1),
+            max_step_delivery_retry_delay=timedelta(hours=1),
+        )
+    )
+    script.behaviour["a"].block = True
+    tries: list[float] = []
+
+    def on_stopped(self) -> None:
+        tries.append((cluster.clock.now() - begun).total_seconds())
+        if len(tries) < 10:
+            raise RuntimeError("on_stopped failed on purpose")
+
+    monkeypatch.setattr(ScenarioJob, "on_stopped", on_stopped)
+    begun = cluster.clock.now()
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            await cluster.manager().remove(result.job_id)
+            for _ in range(8):
+                await cluster.advance(60)
+            return await cluster.storage().jobs.find(result.job_id)
+
+    cleared = run(scenario())
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert gaps == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert cleared is None
 
 
 def test_remove_on_a_job_being_removed_answers_that_it_is_already_being_removed(

@@ -9,7 +9,7 @@ import pytest
 
 from choreography_ray.engine.clock import FakeClock, settle
 from choreography_ray.engine.messages import StepReport, StepStart, StopRequest
-from choreography_ray.jobs.errors import NoEligibleJobWorker
+from choreography_ray.jobs.errors import NoEligibleJobWorker, RemoveJobError, RemoveJobFailed
 from choreography_ray.jobs.state import JobKey
 from choreography_ray.jobs.status import JobStepStatus
 from choreography_ray.recovery.liveness import HostGone
@@ -136,6 +136,27 @@ def test_outcomes_go_to_another_controller_when_theirs_died(run) -> None:
             await reporter.report(KEY, "job", report())
         assert directory.name_lookups == readings
         assert len(directory.hosts[OTHER_CONTROLLER].calls) == 11
+        routes.close()
+
+    run(scenario())
+
+
+def test_a_jobs_answer_to_outcomes_is_raised_not_sent_to_another_controller(run) -> None:
+    """A job whose removal's finish failed answers the report with an error: the worker is
+    to report again later, not to hand the outcomes to every other controller meanwhile."""
+
+    async def scenario() -> None:
+        directory, routes, _, gone = cluster()
+        await routes.start()
+        directory.hosts[CONTROLLER].failing = RemoveJobFailed(
+            "finishing the removal failed", code=RemoveJobError.UNKNOWN
+        )
+        reporter = RayReporter(routes)
+        reporter.controllers[(KEY, "job")] = CONTROLLER
+        with pytest.raises(RemoveJobFailed):
+            await reporter.report(KEY, "job", report())
+        assert directory.hosts[OTHER_CONTROLLER].asked == 0
+        assert gone == []
         routes.close()
 
     run(scenario())
