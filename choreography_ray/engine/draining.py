@@ -55,6 +55,7 @@ class Draining:
             return DrainOutcome(DrainJobResult.DRAINED)
         await self._persist_pending_drain()
         asked = await self.stopping.candidates()
+        asked |= self.stopping.take_notices()  # a live run of this execution answers too
         drained: set[str] = set()
         unanswered: set[str] = set()
         if asked:

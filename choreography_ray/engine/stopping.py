@@ -4,7 +4,9 @@ A step that may still run keeps the stop open until its worker has been told: a 
 notification is retried (1 s, doubling to 60 s) for as long as the job stays stopped or being
 removed, and `on_stopped` runs only once every step has reported. A step its worker no longer
 runs is counted with the outcome step storage holds for it, so a success that raced the stop
-counts as the success it is.
+counts as the success it is. A stop stored by an earlier execution counts as the step's stop,
+and the run this execution may have started for it is told once that the job stops or is
+removed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class Stopping:
         self.recount = recount
         self._untold: set[str] = set()
         """Steps that may run and whose worker has not yet answered a stop notification."""
+        self._notices: set[str] = set()
+        """Steps counted stopped by a stop of an earlier execution, whose run of this execution
+        may still be live: told once that the job stops or is removed (`candidates`)."""
+        self._noticed: set[str] = set()
+        """Steps told so by this activation: never told twice."""
         self._notify_delay = NOTIFY_RETRY_DELAY
         self._notify_timer: asyncio.Task[None] | None = None
         self._finish_delay = NOTIFY_RETRY_DELAY
@@ -122,18 +129,34 @@ class Stopping:
         steps, pending = await self.recount.load(strict=False)
         state = self.record.state
         state.stopped_steps_counted = []
+        earlier: set[str] = set()
         for step in steps:
             if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
                 state.stopped_steps_counted.append(step.id)
                 counting.count(state.progress, step.stage, JobStepStatus.STOPPED)
                 ledger.counted.add(step.id)
+                if step.generation < state.execution_generation:
+                    earlier.add(step.id)
         stage = ledger.first_open_stage()
         if stage is not None:
             counting.mark_started(state.progress, stage)
             candidates.update(
                 step_id for step_id, _ in pending.get(stage, ()) if step_id not in ledger.counted
             )
+        # A stop stored by an earlier execution counts, once; but the run this execution
+        # started for the step may still be live (queued, or waiting for that stop): it is told,
+        # once, that the job stops or is removed, and its own stop is then already counted. A
+        # notice that finds no run (the step was never started again) costs its id in one call.
+        self._notices |= earlier
         return candidates
+
+    def take_notices(self) -> set[str]:
+        """The notices not sent yet, taken by a caller that tells the steps itself (a drain
+        asks them to stop and answer)."""
+        notices = self._notices - self._noticed
+        self._noticed |= notices
+        self._notices = set()
+        return notices
 
     async def _stop_steps(self, *, removing: bool) -> None:
         """Tell workers to stop; count at once every step that is not running anywhere."""
@@ -150,8 +173,10 @@ class Stopping:
         ledger = self.ledger
         state = self.record.state
         untold = {step_id for step_id in self._untold if step_id not in ledger.counted}
-        if not untold:
+        notices = self._notices - self._noticed
+        if not untold and not notices:
             self._untold = set()
+            self._notices = set()
             return
         for step_id in untold:  # kept until told: nothing finalizes the stop meanwhile
             if step_id not in ledger.tracked:
@@ -165,7 +190,7 @@ class Stopping:
                     job_key=core.ctx.key,
                     job_id=core.id,
                     generation=state.execution_generation,
-                    step_ids=tuple(sorted(untold)),
+                    step_ids=tuple(sorted(untold | notices)),
                     removing=removing,
                 )
             )
@@ -175,14 +200,17 @@ class Stopping:
             core.log.warning(
                 "job %s: telling workers to stop %d step(s) failed (%s); retrying in %.0f s",
                 core.id,
-                len(untold),
+                len(untold | notices),
                 error,
                 self._notify_delay,
             )
             self._untold = untold
+            self._notices = notices
             self._retry_notify_later()
             return
         self._untold = set()
+        self._noticed |= notices
+        self._notices = set()
         ledger.place(answer.hosts, state.execution_generation)
         await self._count_idle(idle, stored, removing=removing)
 
@@ -280,6 +308,7 @@ class Stopping:
                 or state.execution_generation != generation
             ):
                 self._untold = set()
+                self._notices = set()
                 return
             try:
                 await self._notify(removing=state.status == JobStatus.REMOVING)
@@ -300,8 +329,8 @@ class Stopping:
         state = record.state
         if state.stop_finalized or not state.progress.is_stopped:
             return None
-        if self.ledger.tracked:
-            return None
+        if self.ledger.tracked or self._notices:
+            return None  # a step may still run, or a live run has not been told yet
         if state.status != JobStatus.REMOVING:
             try:
                 await self.core.hook("on_stopped")

@@ -4,6 +4,7 @@ removals). One test per behaviour the seed states, named after it; in-process, f
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from datetime import timedelta
 from typing import Any
@@ -904,3 +905,188 @@ def test_draining_a_finished_stop_answers_drained_without_running_the_hooks_agai
     outcome = run(scenario())
     assert outcome.result == DrainJobResult.DRAINED
     assert script.hooks.count("on_stopped") == 1
+
+
+# -- a live run of the current execution is told, once, that the job is removed ------------------
+
+
+class RecordedStops:
+    """Stop notifications that reach the workers, recorded; the first `failing` fail."""
+
+    def __init__(self, cluster, failing: int = 0) -> None:
+        self.cluster = cluster
+        self.worker_stop = functools.partial(InProcessCluster.stop_steps, cluster)
+        self.failing = failing
+        self.delivered: list[StopRequest] = []
+
+    async def __call__(self, request: StopRequest) -> StopResult:
+        if self.failing > 0:
+            self.failing -= 1
+            raise StorageUnavailableError("the worker cannot be reached")
+        self.delivered.append(request)
+        return await self.worker_stop(request)
+
+    def naming(self, step_id: str) -> list[tuple[int, bool]]:
+        """(generation, removing) of every delivered notification that names the step."""
+        return [(r.generation, r.removing) for r in self.delivered if step_id in (r.step_ids or ())]
+
+
+def lose_the_controller(cluster) -> None:
+    """The job's controller goes away, writing nothing more; the workers live on."""
+    key = JobKey()
+    cluster.managers.pop(key).close()
+
+
+async def a_resumed_run_waiting_behind_an_earlier_stop(cluster) -> tuple[str, str]:
+    """A job whose step `a` stopped (stored Stopped, execution 1) and was started again by a
+    resume (execution 2), its run queued behind another job's step `x` that holds the worker's
+    only slot: the record still says Stopped of execution 1 while the run of execution 2 lives.
+    Returns the job's id and the step's id."""
+    result = await cluster.start(ScenarioJob, request("a"))
+    await cluster.settle()
+    await cluster.manager().stop(result.job_id)
+    await cluster.settle()
+    await cluster.start(ScenarioJob, request("x"))
+    await cluster.settle()
+    await cluster.manager().resume(result.job_id)
+    await cluster.settle()
+    [step] = await cluster.storage().steps.get_for_job(result.job_id)
+    assert step.status == JobStepStatus.STOPPED and step.generation == 1
+    assert [run.generation for run in cluster.worker.runs_of(result.job_id)] == [2]
+    return result.job_id, step.id
+
+
+def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_is_removed(
+    run, script, monkeypatch
+):
+    """The seed: the earlier execution's stop counts (recovery finishes the removal from step
+    storage), and the run of the current execution that may still be live is told, once, that
+    the job is removed: it stops without performing, its stop is already counted, and the job
+    is cleared. Without the notice the run would perform after the job was gone."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+
+    async def scenario():
+        async with cluster:
+            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
+            await cluster.manager().remove(job_id)  # written, but no worker is told
+            lose_the_controller(cluster)
+            stops = RecordedStops(cluster, failing=1)  # the first notice fails: sent again
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            await (await cluster.manager().rehydrate())
+            await cluster.settle()
+            waiting_for_the_notice = await cluster.storage().jobs.find(job_id)
+            await cluster.advance(1)  # the notice goes out again and reaches the worker
+            left = cluster.worker.runs_of(job_id)
+            cleared = await cluster.storage().jobs.find(job_id)
+            await cluster.advance(120)
+            script.release("x")  # the slot frees: a run still queued would perform now
+            await cluster.settle()
+            return step_id, stops, waiting_for_the_notice, left, cleared
+
+    step_id, stops, waiting, left, cleared = run(scenario())
+    assert waiting is not None and waiting.status == JobStatus.REMOVING
+    assert stops.naming(step_id) == [(2, True)]  # once, to the current execution's run
+    assert left == [] and cleared is None
+    assert script.ran("a") == 1  # only the first execution's run performed
+    assert script.hooks.count("on_stopped") == 2  # the first stop's, and the removal's
+
+
+def test_a_run_told_that_the_job_is_removed_is_not_told_again_by_a_later_pass(
+    run, script, monkeypatch
+):
+    """Once per run: the finish fails (on_stopped throws), so the job is still being removed
+    when recovery passes over it again; that pass counts the earlier stop again from storage
+    but does not tell the run a second time."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+
+    async def scenario():
+        async with cluster:
+            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
+            await cluster.manager().remove(job_id)
+            lose_the_controller(cluster)
+            stops = RecordedStops(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            script.fail_hooks.add("on_stopped")
+            await (await cluster.manager().rehydrate())
+            await cluster.settle()
+            await (await cluster.manager().rehydrate())  # a later pass: still being removed
+            await cluster.settle()
+            still = await cluster.storage().jobs.find(job_id)
+            script.fail_hooks.clear()
+            await cluster.advance(60)
+            return step_id, stops, still, await cluster.storage().jobs.find(job_id)
+
+    step_id, stops, still, cleared = run(scenario())
+    assert still is not None and still.status == JobStatus.REMOVING
+    assert stops.naming(step_id) == [(2, True)]
+    assert cleared is None
+
+
+def test_a_stop_counted_from_the_current_execution_sends_no_notice(run, script, monkeypatch):
+    """Only a stop of an earlier execution leaves a run of this one that may live: a stop the
+    current execution stored was its run's own end, and no one is told again."""
+    cluster = InProcessCluster()
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            await cluster.manager().stop(result.job_id)
+            await cluster.settle()
+            [step] = await cluster.storage().steps.get_for_job(result.job_id)
+            lose_the_controller(cluster)
+            stops = RecordedStops(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            await cluster.manager().remove(result.job_id)  # a new activation, from storage
+            await cluster.settle()
+            return stops, step, await cluster.storage().jobs.find(result.job_id)
+
+    stops, step, cleared = run(scenario())
+    assert step.generation == 1
+    assert stops.naming(step.id) == []
+    assert cleared is None
+
+
+def test_a_drain_completed_by_a_new_activation_asks_the_live_run_of_the_current_execution(
+    run, script, monkeypatch
+):
+    """The pending drain of an execution whose step stopped in an earlier one: the new
+    activation asks that step's live run to stop and answer, and the drain completes."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+
+    async def scenario():
+        async with cluster:
+            job_id, _ = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+
+            async def unreachable(request: StopRequest, within: float | None = None) -> Any:
+                raise StorageUnavailableError("the worker cannot be reached")
+
+            monkeypatch.setattr(cluster, "stop_and_wait", unreachable)
+            monkeypatch.setattr(cluster, "stop_steps", unreachable)
+            outcome = await cluster.manager().drain(job_id, within=5)
+            lose_the_controller(cluster)
+            monkeypatch.undo()
+            finishing = await cluster.manager().activate(job_id)
+            await finishing.finish_stop()
+            await cluster.settle()
+            state = await cluster.storage().jobs.get(job_id)
+            left = cluster.worker.runs_of(job_id)
+            script.release("x")
+            await cluster.settle()
+            return outcome, state, left
+
+    outcome, state, left = run(scenario())
+    assert outcome.result == DrainJobResult.TIMED_OUT
+    assert state.stop_finalized and not state.pending_drain
+    assert state.progress.stopped_steps == 1
+    assert left == []
+    assert script.ran("a") == 1
