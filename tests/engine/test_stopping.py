@@ -994,6 +994,39 @@ def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_is_remove
     assert script.hooks.count("on_stopped") == 2  # the first stop's, and the removal's
 
 
+def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_stopped(
+    run, script, monkeypatch
+):
+    """The same for a stop finished by a new activation: the run is told to stop (not that
+    the job is removed), the earlier stop counts once, and `on_stopped` runs only once the
+    notice got through, so no work of the job runs after it."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+
+    async def scenario():
+        async with cluster:
+            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
+            await cluster.manager().stop(job_id)  # written, but no worker is told
+            lose_the_controller(cluster)
+            stops = RecordedStops(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            await (await cluster.manager().rehydrate())
+            await cluster.settle()
+            left = cluster.worker.runs_of(job_id)
+            script.release("x")
+            await cluster.settle()
+            return step_id, stops, left, await cluster.storage().jobs.get(job_id)
+
+    step_id, stops, left, state = run(scenario())
+    assert stops.naming(step_id) == [(2, False)]
+    assert left == []
+    assert state.stop_finalized and state.progress.stopped_steps == 1
+    assert script.ran("a") == 1
+    assert script.hooks.count("on_stopped") == 2  # the first execution's stop, and this one
+
+
 def test_a_run_told_that_the_job_is_removed_is_not_told_again_by_a_later_pass(
     run, script, monkeypatch
 ):
