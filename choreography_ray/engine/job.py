@@ -19,6 +19,7 @@ does it (see docs/decisions.md, "The activation by concept", for who calls whom)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -221,16 +222,45 @@ class JobActivation:
         answered: when finishing the removal fails, the sender gets the error
         (`RemoveJobFailed`, code `UNKNOWN`) and reports again, which runs the finish again
         (the seed's "a removal finishes even when a report fails"). A job already cleared
-        answers that nothing is left to report."""
-        async with self._core.turn:
+        answers that nothing is left to report.
+
+        The sender waits for the turn at most half of `host_call_timeout`: a turn held longer
+        (a worker that does not answer a stop, a slow `on_stopped`) must not make the sender
+        take this host for gone. The reports are then queued like any others, and a failed
+        finish is left to the job's own timer."""
+        turn = self._core.turn
+        if not await self._take_turn_within(
+            self._core.ctx.options.host_call_timeout.total_seconds() / 2
+        ):
+            self.deliver(reports)
+            return
+        try:
             if self._record.released:
                 return
             failed = await self._handle(reports)
+        finally:
+            turn.release()
         if failed is not None:
             raise RemoveJobFailed(
                 f"job {self.id}: finishing the removal failed ({failed}); report again",
                 code=RemoveJobError.UNKNOWN,
             )
+
+    async def _take_turn_within(self, seconds: float) -> bool:
+        """Acquire the job's turn, waiting at most `seconds` on the job's clock; whether it
+        was acquired (the caller then releases it)."""
+        turn = self._core.turn
+        acquiring = asyncio.ensure_future(turn.acquire())
+        deadline = asyncio.ensure_future(self._core.ctx.clock.sleep(seconds))
+        try:
+            await asyncio.wait((acquiring, deadline), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquiring  # a turn granted meanwhile is then held, and kept
+        return acquiring.done() and not acquiring.cancelled()
 
     async def _drain(self) -> None:
         record = self._record

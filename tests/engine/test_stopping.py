@@ -573,14 +573,16 @@ def answered_reports(cluster, monkeypatch) -> list[tuple[float, Any]]:
     start = cluster.clock.now()
     answers: list[tuple[float, Any]] = []
 
+    def elapsed() -> float:
+        return (cluster.clock.now() - start).total_seconds()
+
     async def report(job_key, job_id, reports):
-        elapsed = (cluster.clock.now() - start).total_seconds()
         try:
             await deliver(job_key, job_id, reports)
         except Exception as error:
-            answers.append((elapsed, getattr(error, "code", type(error))))
+            answers.append((elapsed(), getattr(error, "code", type(error))))
             raise
-        answers.append((elapsed, None))
+        answers.append((elapsed(), None))
 
     monkeypatch.setattr(cluster, "report", report)
     return answers
@@ -622,6 +624,44 @@ def test_a_failed_removal_finish_answers_the_report_with_an_error_and_its_next_r
     assert script.hooks.count("on_stopped") == 2  # a failed finish runs it again
     assert script.hooks.count("on_step_completed_or_stopped") == 1
     assert counters.ignored_reports == 1  # the second report is not counted again
+
+
+def test_a_report_to_a_removing_job_busy_past_half_the_call_bound_is_queued_and_answered(
+    run, script, monkeypatch
+):
+    """A removal report waits for the job's turn at most half of `host_call_timeout` (10 s):
+    a turn held longer (a worker that does not answer, a slow hook) must not make the worker
+    take the controller for gone. The report is then queued, answered, and counted once the
+    turn is free; the removal finishes."""
+    cluster = InProcessCluster()
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            answers = answered_reports(cluster, monkeypatch)
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            activation = cluster.manager().activation(result.job_id)
+            await cluster.manager().remove(result.job_id)
+            turn = activation._core.turn
+            await turn.acquire()  # the job is busy: its turn is held
+            for _ in range(200):  # the step stops, writes its removal and reports it
+                await asyncio.sleep(0)
+            await cluster.clock.advance(4.9)
+            early = list(answers)
+            await cluster.clock.advance(0.1)
+            for _ in range(20):
+                await asyncio.sleep(0)
+            answered = list(answers)
+            turn.release()
+            await cluster.settle()
+            return early, answered, await cluster.storage().jobs.find(result.job_id)
+
+    early, answered, cleared = run(scenario())
+    assert early == []
+    assert answered == [(5.0, None)]
+    assert cleared is None
+    assert script.hooks.count("on_step_completed_or_stopped") == 1
 
 
 def test_a_failed_removal_finish_is_retried_by_the_job_until_the_job_is_cleared(run, script):
