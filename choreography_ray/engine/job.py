@@ -259,7 +259,7 @@ class JobActivation:
         if not acquiring.done():
             acquiring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await acquiring  # a turn granted meanwhile is then held, and kept
+                await acquiring  # granted before the cancel landed: held, and used
         return acquiring.done() and not acquiring.cancelled()
 
     async def _drain(self) -> None:
