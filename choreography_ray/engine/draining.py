@@ -134,7 +134,9 @@ class Draining:
                 )
             except Exception as error:
                 core.log.warning("job %s: asking the steps to drain failed: %s", core.id, error)
-                self.stopping.tell_later(waiting)
+                notices = waiting & ledger.counted  # a live run of this execution, not told
+                self.stopping.notice_later(notices)
+                self.stopping.tell_later(waiting - notices)
                 return drained, waiting
             for report in answer.settled:
                 if report.step_id in waiting:

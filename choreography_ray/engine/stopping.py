@@ -285,6 +285,15 @@ class Stopping:
         self._untold |= step_ids
         self._retry_notify_later()
 
+    def notice_later(self, step_ids: set[str]) -> None:
+        """Notices taken by a drain whose call failed: none reached a run, so they are sent
+        again with the stop notifications (and the stop waits for them meanwhile)."""
+        for step_id in step_ids:
+            self.ledger.tracked.pop(step_id, None)
+        self._noticed -= step_ids
+        self._notices |= step_ids
+        self._retry_notify_later()
+
     def _retry_notify_later(self) -> None:
         if self._notify_timer is not None and not self._notify_timer.done():
             return

@@ -1163,3 +1163,41 @@ def test_a_drain_completed_by_a_new_activation_asks_the_live_run_of_the_current_
     assert state.progress.stopped_steps == 1
     assert left == []
     assert script.ran("a") == 1
+
+
+def test_a_drains_notice_that_did_not_get_through_is_sent_again(run, script, monkeypatch):
+    """The new activation's drain cannot reach the workers: the live run of the current
+    execution was not told, so the notice goes out again with the stop notifications (1 s
+    later), the run stops, and the stop is finalized only then."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+
+    async def unreachable(request: StopRequest, within: float | None = None) -> Any:
+        raise StorageUnavailableError("the worker cannot be reached")
+
+    async def scenario():
+        async with cluster:
+            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+            monkeypatch.setattr(cluster, "stop_and_wait", unreachable)
+            monkeypatch.setattr(cluster, "stop_steps", unreachable)
+            await cluster.manager().drain(job_id, within=5)
+            lose_the_controller(cluster)
+            finishing = await cluster.manager().activate(job_id)
+            await finishing.finish_stop()  # its drain fails to reach the workers too
+            await cluster.settle()
+            before = await cluster.storage().jobs.get(job_id)
+            stops = RecordedStops(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            await cluster.advance(1)
+            left = cluster.worker.runs_of(job_id)
+            script.release("x")
+            await cluster.settle()
+            return step_id, before, stops, left, await cluster.storage().jobs.get(job_id)
+
+    step_id, before, stops, left, state = run(scenario())
+    assert not before.stop_finalized
+    assert stops.naming(step_id) == [(2, False)]
+    assert left == []
+    assert state.stop_finalized and not state.pending_drain
+    assert script.ran("a") == 1
