@@ -118,6 +118,7 @@ class Draining:
         idle: list[str] = []
         round_limit = core.ctx.options.step_stop_timeout.total_seconds()
         waiting = set(asked)
+        first_round = True
         while waiting:
             # Rounds of at most `step_stop_timeout`: a worker answers each within it, below
             # the bound on calls between hosts; the steps that did not answer are asked again.
@@ -134,10 +135,13 @@ class Draining:
                 )
             except Exception as error:
                 core.log.warning("job %s: asking the steps to drain failed: %s", core.id, error)
-                notices = waiting & ledger.counted  # a live run of this execution, not told
+                # A live run of this execution not told yet (first round): notice it again. Once
+                # told, its report is awaited like any other.
+                notices = waiting & ledger.counted if first_round else set()
                 self.stopping.notice_later(notices)
                 self.stopping.tell_later(waiting - notices)
                 return drained, waiting
+            first_round = False
             for report in answer.settled:
                 if report.step_id in waiting:
                     drained.add(report.step_id)
