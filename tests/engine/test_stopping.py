@@ -1201,3 +1201,47 @@ def test_a_drains_notice_that_did_not_get_through_is_sent_again(run, script, mon
     assert left == []
     assert state.stop_finalized and not state.pending_drain
     assert script.ran("a") == 1
+
+
+def test_a_drain_does_not_notice_again_a_run_a_round_already_told(run, script, monkeypatch):
+    """Once per run: the new activation's first drain round reaches the worker (the run is
+    told; here its answer says it timed out), the next round fails; the notice is not sent
+    again, and the run's report, already counted, finishes the drain."""
+    cluster = InProcessCluster(max_parallel_steps=1)
+    script.behaviour["a"].block = True
+    script.behaviour["x"].block = True
+    rounds: list[int] = []
+
+    async def first_told_then_unreachable(request: StopRequest, within: float) -> Any:
+        rounds.append(len(request.step_ids or ()))
+        if len(rounds) > 1:
+            raise StorageUnavailableError("the worker cannot be reached")
+        answer = await InProcessCluster.stop_and_wait(cluster, request, within)
+        answer.timed_out.extend(report.step_id for report in answer.settled)
+        answer.settled.clear()
+        return answer
+
+    async def scenario():
+        async with cluster:
+            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+
+            async def unreachable(request: StopRequest, within: float | None = None) -> Any:
+                raise StorageUnavailableError("the worker cannot be reached")
+
+            monkeypatch.setattr(cluster, "stop_and_wait", unreachable)
+            monkeypatch.setattr(cluster, "stop_steps", unreachable)
+            await cluster.manager().drain(job_id, within=5)
+            lose_the_controller(cluster)
+            monkeypatch.setattr(cluster, "stop_and_wait", first_told_then_unreachable)
+            stops = RecordedStops(cluster)
+            monkeypatch.setattr(cluster, "stop_steps", stops)
+            finishing = await cluster.manager().activate(job_id)
+            await finishing.finish_stop()
+            await cluster.advance(120)
+            return step_id, stops, await cluster.storage().jobs.get(job_id)
+
+    step_id, stops, state = run(scenario())
+    assert len(rounds) == 2
+    assert stops.naming(step_id) == []
+    assert state.stop_finalized and not state.pending_drain
+    assert script.ran("a") == 1
