@@ -44,6 +44,7 @@ from ..recovery.rehydration import Rehydration
 from ..recovery.retries import Partitions, Startup
 from ..recovery.watch import MembershipWatch
 from ..storage.protocols import JobQuery, StepCounts
+from ..testing.hooks import hooked_storage
 from .adverts import Adverts, advertised_capabilities, delete_advert, node_of, write_advert
 from .config import import_modules
 from .constants import WORKER_PREFIX, controller_name, worker_name
@@ -160,6 +161,7 @@ class ControllerHost(_Host):
         self.lost_steps = 0
         """Steps sent again (or counted stopped) because their worker host was lost."""
         self.membership: MembershipWatch | None = None
+        self.partition = hooked_storage(self.provider.for_key, self.name)  # tests may wrap it
 
     async def _start(self) -> None:
         self.routes.on_dead(self._host_gone)
@@ -280,7 +282,7 @@ class ControllerHost(_Host):
             manager = self.managers[key] = JobsManager(
                 EngineContext(
                     key=key,
-                    storage=self.provider.for_key(key),
+                    storage=self.partition(key),
                     registry=default_registry,
                     options=self.options,
                     clock=self.clock,
