@@ -9,8 +9,9 @@ per message. On the difference to the previous reading:
   host, or on every host while the catalog is incomplete (`membership.recovers`). Passes never
   overlap: a death during one asks for one more after it. The pass rehydrates partitions
   already known again, and never waits behind a partition's retry chain;
-- a node joined with a role: the elected host starts its host actors (idempotent), retried
-  alone after a failure, so no `up` is needed;
+- a node joined with a role, or a host actor gone while its node lives: the elected host
+  starts the node's missing host actors (idempotent), retried alone after a failure, so no
+  `up` is needed; never while the cluster is being taken down (`choreography down`);
 - any host appeared or went away: the routing table is read again.
 
 The first reading is the baseline: the host's own start already recovers. Plain Python over a
@@ -53,7 +54,11 @@ class Participant(Protocol):
         ...
 
     async def start_node(self, node: NodeInfo) -> None:
-        """Start the host actors of a node with a role; idempotent."""
+        """Start the missing host actors of a node with a role; idempotent."""
+        ...
+
+    async def taking_down(self) -> bool:
+        """Whether the cluster's hosts are being stopped (`down`): then none is started."""
         ...
 
     async def hosts_changed(self) -> None:
@@ -142,7 +147,7 @@ class MembershipWatch:
             self._spawn(self.host.hosts_lost(set(change.hosts_gone)))
         if change.losses:
             self.request_pass()
-        self._start_joined(snapshot, change.joined_nodes)
+        self._start_nodes(snapshot, change.joined_nodes | _killed(before, snapshot, change))
         return change
 
     def _controllers(self, snapshot: ClusterSnapshot) -> Iterable[str]:
@@ -187,13 +192,15 @@ class MembershipWatch:
         self.passes += 1
         await self.host.rehydrate(catalog)
 
-    # -- joined nodes ---------------------------------------------------------------------------
+    # -- joined nodes and killed hosts ------------------------------------------------------------
 
-    def _start_joined(self, snapshot: ClusterSnapshot, joined: frozenset[str]) -> None:
-        if not joined or not self._elected(snapshot):
+    def _start_nodes(self, snapshot: ClusterSnapshot, node_ids: frozenset[str]) -> None:
+        """On the elected host: start the missing host actors of these live nodes with a role
+        (a node that joined, or one whose host actor was killed)."""
+        if not node_ids or not self._elected(snapshot):
             return
-        for node_id in sorted(joined):
-            if snapshot.nodes[node_id].has_role:
+        for node_id in sorted(node_ids):
+            if snapshot.alive(node_id) and snapshot.nodes[node_id].has_role:
                 self._spawn(self._start_quietly(node_id))
 
     async def _start_quietly(self, node_id: str) -> None:
@@ -204,6 +211,13 @@ class MembershipWatch:
         snapshot = self.latest
         if snapshot is None or not snapshot.alive(node_id):
             return  # it left again: nothing to start
+        if await self.host.taking_down():
+            log.info(
+                "%s: the cluster is being taken down; node %s gets no hosts",
+                self.host.name,
+                node_id,
+            )
+            return  # `up` starts them, and clears the mark
         await self.host.start_node(snapshot.nodes[node_id])
         self.started.append(node_id)
 
@@ -220,3 +234,14 @@ class MembershipWatch:
                 self.host.name,
                 exc_info=task.exception(),
             )
+
+
+def _killed(
+    before: ClusterSnapshot, after: ClusterSnapshot, change: MembershipChange
+) -> frozenset[str]:
+    """The live nodes whose host actors went away: their processes were killed (or stopped)."""
+    return frozenset(
+        node_id
+        for name in change.hosts_gone
+        if (node_id := before.hosts.get(name)) is not None and after.alive(node_id)
+    )

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
-from .constants import CONFIG_KEY
+from .constants import CONFIG_KEY, DOWN_KEY
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -77,6 +77,21 @@ def restore_config(previous: ClusterConfig | None, namespace: str) -> None:
         _kv()._internal_kv_del(CONFIG_KEY, namespace=namespace)
     else:
         write_config(previous, namespace)
+
+
+def mark_taking_down(namespace: str, down: bool = True) -> None:
+    """Mark the namespace's hosts as being stopped (`down`), or clear the mark (`up`): while
+    it is set, no controller host starts the host actors of a node, so a host that `down`
+    stops is never started again behind it."""
+    if down:
+        _kv()._internal_kv_put(DOWN_KEY, b"down", overwrite=True, namespace=namespace)
+    else:
+        _kv()._internal_kv_del(DOWN_KEY, namespace=namespace)
+
+
+def taking_down(namespace: str) -> bool:
+    """Whether `down` stopped, or is stopping, the namespace's hosts (a blocking read)."""
+    return bool(_kv()._internal_kv_exists(DOWN_KEY, namespace=namespace))
 
 
 def import_modules(modules: list[str]) -> tuple[list[str], list[str]]:

@@ -6,6 +6,9 @@ NAMESPACE = "choreography"
 """The Ray namespace of the host actors (configurable per cluster)."""
 
 CONFIG_KEY = b"choreography_ray:cluster-config"
+DOWN_KEY = b"choreography_ray:taking-down"
+"""Set by `down` while (and after) it stops the hosts, cleared when hosts are started again:
+the membership watch starts no host meanwhile."""
 STORAGE_ACTOR = "choreography:storage"
 
 

@@ -19,6 +19,7 @@ from ..placement.roles import worker_share
 from ..recovery.keys import KeyCatalog
 from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
+from .config import taking_down
 from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
 from .directory import actor_names
 from .host_process import cluster_config
@@ -129,6 +130,9 @@ class ControllerParticipant:
         keys: list[JobKey] = list(dict.fromkeys([*config.keys, *catalog.keys, *self.host.managers]))
         await self.host.partitions.recover(keys, again=True)
 
+    async def taking_down(self) -> bool:
+        return await asyncio.to_thread(taking_down, self.host.namespace)
+
     async def start_node(self, node: NodeInfo) -> None:
         """Create the node's host actors and wait until they are ready and have read the
         configuration, as `connect` does; raises when one does not (the watch retries)."""
@@ -154,7 +158,7 @@ class ControllerParticipant:
         if failed:
             log.error("host actors of node %s could not import: %s", node.node_id, failed)
         log.warning(
-            "%s: started host actor(s) %s on node %s, which joined the cluster",
+            "%s: started host actor(s) %s on node %s (it joined, or a host of it was lost)",
             self.name,
             ", ".join(sorted(handles)),
             node.node_id,

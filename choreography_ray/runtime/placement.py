@@ -18,7 +18,7 @@ from ..jobs.options import JobsOptions
 from ..placement.capability import failing_everywhere, import_failures
 from ..placement.roles import NodeRoles, refused_role, worker_share
 from .adverts import read_adverts
-from .config import require_config, write_config
+from .config import mark_taking_down, require_config, write_config
 from .constants import ACTOR_PREFIX
 from .directory import actor_names
 from .hosts import ControllerHost, WorkerHost
@@ -55,6 +55,7 @@ def start_hosts(
     """
     options = require_config(namespace).jobs_options()
     check_role_labels(options)
+    mark_taking_down(namespace, False)  # hosts run again: a host killed later is restarted
     hosts: dict[str, Any] = {}
     for roles in node_roles(options, max_parallel_steps):
         hosts.update(
@@ -98,16 +99,36 @@ def _forget_modules(namespace: str, modules: list[str]) -> None:
     )
 
 
+STOP_ROUNDS = 3
+"""How many times `stop_hosts` lists the hosts again for one that started meanwhile."""
+
+
 def stop_hosts(namespace: str) -> list[str]:
-    """Kill every host actor of the namespace (their jobs stay in storage)."""
-    killed = []
-    for name in actor_names(namespace, (ACTOR_PREFIX,)):
-        try:
-            handle = ray.get_actor(name, namespace=namespace)
-            with contextlib.suppress(Exception):
-                ray.get(handle.shutdown.remote(), timeout=10)
-            ray.kill(handle)
-            killed.append(name)
-        except ValueError:
-            continue
+    """Kill every host actor of the namespace (their jobs stay in storage).
+
+    The namespace is marked as taken down first, so that no controller host's membership watch
+    starts a host again as the others are stopped one after the other (`up` clears the mark).
+    A start the watch began just before the mark may still land: the hosts are listed again
+    after the kills, and stopped too."""
+    mark_taking_down(namespace)
+    killed: list[str] = []
+    for _ in range(STOP_ROUNDS):
+        stopped = [
+            name for name in actor_names(namespace, (ACTOR_PREFIX,)) if _stop(namespace, name)
+        ]
+        killed += [name for name in stopped if name not in killed]
+        if not stopped:
+            break
     return killed
+
+
+def _stop(namespace: str, name: str) -> bool:
+    """Shut host actor `name` down and kill it; False when it is gone already."""
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    with contextlib.suppress(Exception):
+        ray.get(handle.shutdown.remote(), timeout=10)
+    ray.kill(handle)
+    return True

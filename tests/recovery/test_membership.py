@@ -158,6 +158,8 @@ class Host:
         self.changed = 0
         self.start_fails = 0
         self.pass_gate: asyncio.Event | None = None
+        self.down = False
+        """`choreography down` marked the cluster as being taken down."""
 
     def is_controller(self, host: str) -> bool:
         return host.startswith("c:")
@@ -181,6 +183,9 @@ class Host:
 
     async def hosts_changed(self) -> None:
         self.changed += 1
+
+    async def taking_down(self) -> bool:
+        return self.down
 
 
 class Readings:
@@ -357,6 +362,91 @@ def test_a_failed_start_of_a_joined_node_is_retried_alone(run: Any) -> None:
         await clock.advance(2.0)  # then after 2 s
         assert host.started == ["w2"]
         assert watch.started == ["w2"]
+        watch.close()
+
+    run(scenario())
+
+
+def test_a_host_killed_while_its_node_lives_is_started_again_by_the_elected_host(
+    run: Any,
+) -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        head, second = Host("c:head"), Host("c:second")
+        readings = {head.name: Readings(FULL), second.name: Readings(FULL)}
+        watches = [await _watching(h, readings[h.name], clock) for h in (head, second)]
+        for r in readings.values():
+            r.then(snapshot(HEAD, SECOND, W1, W2, listed=(HEAD, SECOND, W1)))
+        await clock.advance(1.0)
+        for _ in range(200):
+            if all(r.count >= 2 for r in readings.values()):
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        await settle()
+        assert head.started == ["w2"] and second.started == []
+        assert head.lost == [{"w:w2"}]  # its steps are sent again meanwhile
+        for watch in watches:
+            watch.close()
+
+    run(scenario())
+
+
+def test_a_killed_elected_controller_host_is_started_again_by_the_next_one(run: Any) -> None:
+    async def scenario() -> None:
+        clock, host, readings = FakeClock(), Host("c:second"), Readings(FULL)
+        watch = await _watching(host, readings, clock)
+        readings.then(snapshot(HEAD, SECOND, W1, W2, listed=(SECOND, W1, W2)))
+        await _tick(clock, readings)
+        assert host.started == ["head"]
+        watch.close()
+
+    run(scenario())
+
+
+def test_the_hosts_of_a_dead_node_are_not_started_again(run: Any) -> None:
+    async def scenario() -> None:
+        clock, host, readings = FakeClock(), Host(), Readings(FULL)
+        watch = await _watching(host, readings, clock)
+        readings.then(snapshot(HEAD, SECOND, W1, dead(W2), listed=(HEAD, SECOND, W1)))
+        await _tick(clock, readings)
+        assert host.lost == [{"w:w2"}] and host.started == []
+        watch.close()
+
+    run(scenario())
+
+
+def test_while_the_cluster_is_taken_down_no_host_is_started(run: Any) -> None:
+    """`down` stops the hosts one after the other: the ones it stopped are not started again
+    behind it, nor are a joined node's."""
+
+    async def scenario() -> None:
+        clock, host, readings = FakeClock(), Host(), Readings(snapshot(HEAD, SECOND, W1))
+        host.down = True
+        watch = await _watching(host, readings, clock)
+        readings.then(snapshot(HEAD, SECOND, W1, W2, listed=(HEAD, SECOND)))
+        await _tick(clock, readings)
+        assert host.lost == [{"w:w1"}]
+        assert host.started == [] and watch.started == []
+        watch.close()
+
+    run(scenario())
+
+
+def test_a_retried_start_gives_way_to_down_begun_meanwhile(run: Any) -> None:
+    async def scenario() -> None:
+        clock, host, readings = FakeClock(), Host(), Readings(FULL)
+        host.start_fails = 1
+        watch = await _watching(host, readings, clock)
+        readings.then(snapshot(HEAD, SECOND, W1, W2, listed=(HEAD, SECOND, W1)))
+        await _tick(clock, readings)
+        assert host.started == []  # failed: retried after 1 s
+        host.down = True
+        await clock.advance(1.0)
+        await settle()
+        await clock.advance(60.0)
+        await settle()
+        assert host.started == [] and watch.started == []
         watch.close()
 
     run(scenario())
