@@ -11,6 +11,9 @@ adds one back (the membership watch starts its hosts). Each case asserts:
 - every step ran (the side-effect table), and the seconds from the fault to completion and
   the steps that ran twice (only those in flight at the fault may) are printed.
 
+The hosts load the lost-acknowledgement fault (`testing.faults.LostAcks`) through their testing
+hook; it is inert for every job but the one case 8 names.
+
 Storage is read directly, never through the client: a client call would activate the job by
 itself and hide whether recovery did.
 """
@@ -23,16 +26,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from choreography_ray.jobs import JobKey, JobsOptions, JobState, JobStatus
+from choreography_ray.jobs.errors import StartJobFailed
 from choreography_ray.jobs.status import JobStepStatus
 from choreography_ray.runtime.constants import controller_name, worker_name
 from choreography_ray.runtime.membership import host_node
 from choreography_ray.storage import open_storage
+from choreography_ray.testing.faults import LOST_ACKS_ENV, LOST_ACKS_WRAPPER, LostAcks
+from choreography_ray.testing.hooks import STORAGE_WRAPPER_ENV
 from choreography_ray.testing.side_effects import (
     HOOKS_TABLE_ENV,
     MODULE,
@@ -56,6 +63,7 @@ OPTIONS = JobsOptions(
     job_watchdog_interval="5s",
     reconciliation_interval="5s",
     job_ownership_lease="6s",
+    step_delivery_max_attempts=3,  # case 8: recovery after a storage failure gives up in 7 s
 )
 
 
@@ -71,15 +79,26 @@ def hooks(tmp_path_factory) -> SideEffects:
 
 
 @pytest.fixture(scope="module")
-def cluster(storage_url, hooks) -> Iterator[Any]:
+def acks(tmp_path_factory) -> LostAcks:
+    """The jobs whose Running writes lose their acknowledgement (none until a case says)."""
+    return LostAcks(tmp_path_factory.mktemp("acks") / "acks.db")
+
+
+@pytest.fixture(scope="module")
+def cluster(storage_url, hooks, acks) -> Iterator[Any]:
     from choreography_ray.testing import MultiNodeCluster
 
+    env = {
+        HOOKS_TABLE_ENV: str(hooks.path),
+        STORAGE_WRAPPER_ENV: LOST_ACKS_WRAPPER,
+        LOST_ACKS_ENV: str(acks.path),
+    }
     with MultiNodeCluster(
         storage_url,
         nodes=("none", "controller", "controller", "worker", "worker"),
         modules=[MODULE],
         options=OPTIONS,
-        runtime_env={"env_vars": {HOOKS_TABLE_ENV: str(hooks.path)}},
+        runtime_env={"env_vars": env},
     ) as running:
         yield running
 
@@ -134,12 +153,14 @@ def _run_until_fault(
     return Fault(job_id, table, stored, table.mark(), time.monotonic())
 
 
-def _check_recovered(url: str, fault: Fault, what: str, steps: int = STEPS) -> None:
+def _check_recovered(
+    url: str, fault: Fault, what: str, steps: int = STEPS, within: float = WAIT_SECONDS
+) -> None:
     def finished() -> JobState | None:
         job, _ = _read(url, fault.job_id)
         return job if job is not None and job.status.is_terminal else None
 
-    job = _eventually(finished, f"{what}: the job finished")
+    job = _eventually(finished, f"{what}: the job finished", within)
     seconds = time.monotonic() - fault.at
     _, statuses = _read(url, fault.job_id)
     runs = fault.table.by_step()
@@ -355,11 +376,36 @@ def _quietly(call: Callable[[str], Any], job_id: str) -> None:
 
 
 def test_5_a_worker_host_killed_while_its_node_lives(cluster, storage_url, tmp_path) -> None:
+    """The job recovers on the other worker host; the killed one is started again on its
+    node by the membership watch, and takes steps of the next job."""
+    import ray
+
     fault = _run_until_fault(cluster, storage_url, tmp_path)
     victim = worker_name(cluster.nodes("worker")[0].node_id)
-    cluster.kill_host(victim)
+    killed = cluster.kill_host(victim)
     fault.at = time.monotonic()
+
+    def back() -> int | None:
+        try:
+            pid = cluster.host_pid(victim)
+        except ValueError:
+            return None
+        return pid if pid != killed else None
+
+    _eventually(back, "the killed worker host started again on its node", within=60)
+    print(f"\nthe killed worker host was back {time.monotonic() - fault.at:.2f} s after the kill")
     _check_recovered(storage_url, fault, "worker host killed (SIGKILL)")
+
+    handle = ray.get_actor(victim, namespace=cluster.namespace)
+    ray.get(handle.ready.remote(), timeout=WAIT_SECONDS)
+    table = SideEffects(tmp_path / "next.db")
+    request = Effects(table=str(table.path), steps=200, step_seconds=STEP_SECONDS)
+    following = Fault(
+        cluster.jobs.start(RecordRuns, request), table, frozenset(), 0, time.monotonic()
+    )
+    _check_recovered(storage_url, following, "the next job", steps=200)
+    stats = ray.get(handle.stats.remote(), timeout=WAIT_SECONDS)
+    assert stats["peak_parallel"] > 0, "the restarted worker host took no step"
 
 
 def test_6_the_whole_cluster_restarted_at_forty_percent(cluster, storage_url, tmp_path) -> None:
@@ -367,3 +413,43 @@ def test_6_the_whole_cluster_restarted_at_forty_percent(cluster, storage_url, tm
     fault.at = time.monotonic()
     cluster.restart()  # every process killed; the layout started again over the same storage
     _check_recovered(storage_url, fault, "whole cluster restarted")
+
+
+def test_8_the_running_acknowledgement_lost_the_sweep_resumes_the_job(
+    cluster, storage_url, acks, tmp_path
+) -> None:
+    """The seed's known limitation, closed: the write that makes the job Running lands but its
+    answer is lost, and so is every write of the job while it is Running, until the fault is
+    over. The start fails; the controller host's recovery after a storage failure gives up
+    after `step_delivery_max_attempts`, and the job is left Running in storage, idle, its
+    ownership lease running out. Once the fault is over, the reconciliation sweep claims the
+    job and resumes it: every step runs once."""
+    steps = 300
+    table = SideEffects(tmp_path / "effects.db")
+    job_id = f"lost-ack-{time.monotonic_ns()}"
+    acks.lose(job_id)
+    request = Effects(table=str(table.path), steps=steps, step_seconds=STEP_SECONDS)
+    with pytest.raises(StartJobFailed, match="acknowledgement"):
+        cluster.jobs.start(RecordRuns, request, job_id=job_id)
+
+    def idle() -> JobState | None:
+        job, _ = _read(storage_url, job_id)
+        if job is None or job.owner is None or job.owner.lease_expires is None:
+            return None
+        expired = job.owner.lease_expires < datetime.now(UTC)
+        return job if expired else None
+
+    job = _eventually(idle, "the job's ownership lease ran out", within=60)
+    lost = acks.lost(job_id)
+    assert job.status == JobStatus.RUNNING
+    assert len(lost) >= 2  # the start's and the retries': they gave up
+    assert table.runs() == []  # no step was ever sent: the job sat idle
+    acks.restore(job_id)  # the fault is over
+    over = time.monotonic()
+    fault = Fault(job_id, table, frozenset(), 0, time.monotonic() - (time.time() - lost[0]))
+    _check_recovered(storage_url, fault, "Running acknowledgement lost", steps, within=60)
+    print(
+        f"{len(lost)} acknowledgement(s) lost; the job completed "
+        f"{time.monotonic() - over:.2f} s after the fault was over"
+    )
+    assert all(len(runs) == 1 for runs in table.by_step().values())  # none ran twice
