@@ -1,6 +1,7 @@
 """The membership watch on a real multi-node Ray (one cluster for the module, in order: a
 controller head and one worker node over SQLite, Ray's health checks lowered): a node that
-joins gets its host actors with no `up`, and a killed host actor is noticed by the watch."""
+joins gets its host actors with no `up`, a killed host actor is noticed by the watch and started
+again on its node, and `down` marks the cluster so that nothing is started behind it."""
 
 from __future__ import annotations
 
@@ -81,3 +82,24 @@ def test_a_killed_worker_host_is_noticed_by_the_membership_watch(cluster, seen) 
     )
     print(f"{name} reported lost {time.monotonic() - killed:.2f} s after its process died")
     assert _controller_stats(cluster)["membership_passes"] >= 1  # the elected host recovered
+    _eventually(
+        lambda: _controller_stats(cluster)["membership_started"].count(seen["joined"]) == 2,
+        f"{name} started again on its node",
+    )
+    print(f"{name} started again {time.monotonic() - killed:.2f} s after its process died")
+
+
+def test_down_marks_the_cluster_and_up_clears_the_mark(cluster) -> None:
+    """`down` marks the namespace before it stops the hosts, so no membership watch starts a
+    stopped host again behind it; `up` (starting the hosts) clears the mark."""
+    from choreography_ray.runtime import stop_hosts
+    from choreography_ray.runtime.config import taking_down
+
+    stopped = stop_hosts(NAMESPACE)
+    assert taking_down(NAMESPACE)
+    assert {name for name in stopped if name.startswith("choreography:")} >= {
+        controller_name(cluster.nodes("controller")[0].node_id)
+    }
+    assert cluster.host_names() == []
+    assert len(cluster.start_hosts()) == 3
+    assert not taking_down(NAMESPACE)
