@@ -1,10 +1,10 @@
 """Public helpers for testing jobs: an in-process cluster, fault injection, a fake clock, and a
 multi-node Ray on one machine (`MultiNodeCluster`, loaded on first use: the rest never imports
-Ray)."""
+Ray). `testing.hooks` is the host actors' hook through which a fault reaches a real cluster."""
 
 from ..engine.clock import FakeClock
 from .cluster import InProcessCluster
-from .faults import WriteFaults
+from .faults import LostAcks, WriteFaults
 
 _RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster", "NodeSpec"}
 
@@ -22,6 +22,7 @@ __all__ = [
     "FakeClock",
     "HealthChecks",
     "InProcessCluster",
+    "LostAcks",
     "MultiNodeCluster",
     "NodeSpec",
     "WriteFaults",
