@@ -18,6 +18,7 @@ from datetime import datetime
 from ..jobs.state import JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
 from .messages import Prepared
+from .step_types import StepTypes
 
 FRESH_LIMIT = 100_000
 """Prepared records a job keeps for its first starts: about 30 MB at most."""
@@ -99,6 +100,8 @@ class StepLedger:
         self.stage_steps: dict[int, list[str]] = {}
         self.stage_of: dict[str, int] = {}
         self.names: dict[str, str] = {}
+        self.types = StepTypes()
+        """Each step's type: the dispatcher sends a step only to a host that runs its type."""
         self.tracked: dict[str, Tracked] = {}
         self.waiting: deque[tuple[str, int]] = deque()
         self.counted = Counted(self.stage_of)
@@ -121,13 +124,16 @@ class StepLedger:
 
     # -- the plan -----------------------------------------------------------------------------
 
-    def index(self, steps: Iterable[tuple[str, int, str]]) -> None:
-        """Know the job's steps as (id, stage, name), from its plan or from step storage."""
+    def index(self, steps: Iterable[tuple[str, int, str, str]]) -> None:
+        """Know the job's steps as (id, stage, name, type), from its plan or from step
+        storage."""
         self.stage_steps = {}
-        for step_id, stage, name in steps:
+        self.types = types = StepTypes()
+        for step_id, stage, name, step_type in steps:
             self.stage_steps.setdefault(stage, []).append(step_id)
             self.stage_of[step_id] = stage
             self.names[step_id] = name
+            types.add(step_id, step_type)
         self.counted.recount()
         self.loaded = True
 

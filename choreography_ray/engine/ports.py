@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ..jobs.state import JobKey
 from .messages import SettledStops, StartResult, StepReport, StepStart, StopRequest, StopResult
+from .step_types import StepTypes
 
 
 @dataclass(slots=True)
@@ -34,9 +35,12 @@ class StepDispatcher(Protocol):
         job_type: str,
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
+        step_types: StepTypes | None = None,
     ) -> Dispatched:
         """Send `starts` to worker hosts; a step named in `sticky` goes to that host while it
-        is alive (it may run the step already), any other to any eligible host."""
+        is alive (it may run the step already), any other to any eligible host: one that
+        runs the job's type and, when `step_types` says, the step's own type. A start that
+        no host can take is undelivered, with a `NoEligibleJobWorker` that says why."""
         ...
 
     async def stop_steps(self, request: StopRequest) -> StopResult: ...
@@ -47,9 +51,12 @@ class StepDispatcher(Protocol):
         back where they are, so none runs twice."""
         ...
 
-    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+    async def check_placement(
+        self, job_key: JobKey, job_type: str, step_types: Sequence[str] = ()
+    ) -> None:
         """Raise `NoEligibleJobWorker` (with the reason) when no worker qualifies for the
-        steps of `job_type` now: asked before a job's steps are prepared."""
+        steps of `job_type` now, or for one of `step_types`: asked before a job's steps are
+        prepared."""
         ...
 
     async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:

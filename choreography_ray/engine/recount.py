@@ -39,7 +39,7 @@ class Recount:
             core.log.warning("job %s: going on without unreadable steps: %s", core.id, error)
             steps = await storage.get_for_job(core.id)
         ledger = core.ledger
-        ledger.index((step.id, step.stage, step.name) for step in steps)
+        ledger.index((step.id, step.stage, step.name, step.type) for step in steps)
         outcomes, pending = ledger.reconcile(steps, core.retry.allows_stored)
         state = core.record.state
         started = [entry.stage for entry in state.progress.stages if entry.is_started]

@@ -29,6 +29,9 @@ class Stages:
         self.ledger = core.ledger
         self.outcomes = outcomes
         self.watchdog = Watchdog(core, self, outcomes)
+        self.undelivered: set[str] = set()
+        """Steps whose start no worker took, to be sent again: while there are any, a job
+        that waits for a worker goes on waiting, whatever other steps a worker took."""
 
     # -- moving on ------------------------------------------------------------------------------
 
@@ -161,7 +164,7 @@ class Stages:
             async with limit:
                 try:
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch, sticky
+                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types
                     )
                 except Exception as error:
                     return error
@@ -176,7 +179,13 @@ class Stages:
                 failed += await self._undelivered(batch, answer, failures_fail)
                 continue
             if answer.hosts:
-                self.record.state.waiting_for_worker = None  # a worker took starts
+                if self.undelivered:
+                    for step_ids in answer.hosts.values():
+                        self.undelivered.difference_update(step_ids)
+                if not self.undelivered and not isinstance(answer.error, NoEligibleJobWorker):
+                    # Workers took the starts. While some find none (steps of several types),
+                    # the wait goes on, its deadline unchanged.
+                    self.record.state.waiting_for_worker = None
             ledger.place(answer.hosts, generation)
             for result in answer.results:
                 failed += await self._started(result)
@@ -280,12 +289,14 @@ class Stages:
         if failures_fail:
             failed = 0
             for start in batch:
+                self.undelivered.discard(start.step_id)
                 failed += await self._started(
                     StartResult(start.step_id, StartOutcome.FAILED, reason=str(error))
                 )
             return failed
         for start in batch:
             self.ledger.tracked.pop(start.step_id, None)
+            self.undelivered.add(start.step_id)
         interval = self.core.ctx.options.job_watchdog_interval
         self.core.log.warning(
             "job %s: %d step start(s) were not delivered (%s); retrying every %s",
@@ -317,6 +328,7 @@ class Stages:
             if self.record.released or self.record.state.status != JobStatus.RUNNING:
                 return
             counted = self.ledger.counted
+            self.undelivered.difference_update(s.step_id for s in batch if s.step_id in counted)
             self.ledger.waiting.extendleft(
                 (s.step_id, s.attempt) for s in reversed(batch) if s.step_id not in counted
             )

@@ -114,7 +114,7 @@ class Starting:
                 )
 
     def index_plan(self, plan: list[PlannedStep]) -> None:
-        self.ledger.index((step.step_id, step.stage, step.name) for step in plan)
+        self.ledger.index((step.step_id, step.stage, step.name, step.step_type) for step in plan)
 
     async def _save_plan(self, plan: list[PlannedStep]) -> None:
         """Save the complete plan and move to PreparingSteps, inline or in plan storage."""
@@ -181,7 +181,9 @@ class Starting:
             try:
                 # The placement spec's first moment: no worker qualifies as steps are prepared.
                 await self.core.ctx.dispatcher.check_placement(
-                    self.core.ctx.key, self.record.state.type
+                    self.core.ctx.key,
+                    self.record.state.type,
+                    list(dict.fromkeys(step.step_type for step in plan)),
                 )
             except NoEligibleJobWorker as error:
                 return await self.fail(error, StartJobError.UNKNOWN)

@@ -1,11 +1,12 @@
 """What each host can run: the job and step types it imported, and the modules it could not.
 
 A host advertises this once it has imported the cluster's job modules, and again after each
-refresh. A job goes only to a controller host that advertises its type, its steps only to a
-worker host that advertises the job's type (the dispatch message names the job's type, and a
-job module imports the step types its job creates). A module that fails to import on one node
-takes that node out of its types' eligible hosts, not the module out of the cluster. Plain
-Python over the advertisements, so the rule is tested without a cluster.
+refresh. A job goes only to a controller host that advertises its type, each of its steps only
+to a worker host that advertises both the job's type and the step's own (a job may have steps
+of several types, and a node may import one step type's module but not another's). A module
+that fails to import on one node takes that node out of its types' eligible hosts, not the
+module out of the cluster. Plain Python over the advertisements, so the rule is tested without
+a cluster.
 """
 
 from __future__ import annotations
@@ -38,12 +39,23 @@ class HostAdvert(BaseModel):
     def hosts(self, job_type: str) -> bool:
         return job_type in self.job_types
 
+    def runs_step(self, step_type: str) -> bool:
+        return step_type in self.step_types
+
 
 def eligible(hosts: Iterable[str], adverts: Mapping[str, HostAdvert], job_type: str) -> list[str]:
     """The `hosts` that can run `job_type`, in their order. A host that has not advertised
     yet (starting, or of a release before advertisements) is taken as able: it ran every type
     before, and refusing it would stop a cluster mid-upgrade."""
     return [name for name in hosts if name not in adverts or adverts[name].hosts(job_type)]
+
+
+def eligible_for_steps(
+    hosts: Iterable[str], adverts: Mapping[str, HostAdvert], step_type: str
+) -> list[str]:
+    """The `hosts` that can run steps of `step_type`, in their order; as in `eligible`, a
+    host that has not advertised is taken as able."""
+    return [name for name in hosts if name not in adverts or adverts[name].runs_step(step_type)]
 
 
 def import_failures(adverts: Iterable[HostAdvert]) -> list[str]:
@@ -73,6 +85,16 @@ def not_eligible_reason(
     if not failures:
         return f"no {role} host runs job type {job_type!r}"
     return f"no {role} host can run job type {job_type!r}: " + "; ".join(failures)
+
+
+def no_step_host_reason(
+    step_type: str, job_type: str, hosts: Iterable[str], adverts: Mapping[str, HostAdvert]
+) -> str:
+    """Why none of the worker `hosts` that run `job_type` can take steps of `step_type`,
+    naming the hosts whose import failed."""
+    failures = import_failures(adverts[name] for name in hosts if name in adverts)
+    reason = f"no worker host runs step type {step_type!r} of job type {job_type!r}"
+    return reason + (": " + "; ".join(failures) if failures else "")
 
 
 PLAN_STORAGE = "external-plan-storage"

@@ -1,17 +1,27 @@
 """The choice of hosts for a job and for its steps: the hosts that can run the job's type,
-narrowed by the registered director. What `runtime` calls; plain Python over the hosts'
+narrowed by the registered director, then for each step the hosts that run its own type, the
+steps spread over them by load. What `runtime` calls; plain Python over the hosts'
 advertisements, so it is tested without a cluster."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..engine.messages import StepStart
+from ..engine.step_types import StepTypes
 from ..jobs.errors import ConfigurationError, NoEligibleJobWorker
-from .capability import HostAdvert, eligible, not_eligible_reason
+from .capability import (
+    HostAdvert,
+    eligible,
+    eligible_for_steps,
+    no_step_host_reason,
+    not_eligible_reason,
+)
 from .directors import Candidate, directed_controller, directed_workers, load_director
 from .headroom import most_headroom
+from .spreading import Spread, WorkerLoads, spread
 
 log = logging.getLogger("choreography_ray.placement")
 
@@ -84,6 +94,42 @@ class Placement:
             self.step_director,  # type: ignore[arg-type]
             job_type,
             candidates(able, adverts),
+        )
+
+    def step_hosts(
+        self,
+        job_type: str,
+        step_type: str,
+        workers: list[str],
+        adverts: Mapping[str, HostAdvert],
+    ) -> list[str]:
+        """Those of `workers` (eligible for `job_type`) that run `step_type` ("" when not
+        known: all of them); `NoEligibleJobWorker` with the reason when there is none."""
+        if not step_type:
+            return workers
+        able = eligible_for_steps(workers, adverts, step_type)
+        if not able:
+            raise NoEligibleJobWorker(no_step_host_reason(step_type, job_type, workers, adverts))
+        return able
+
+    def spread(
+        self,
+        job_type: str,
+        starts: Sequence[StepStart],
+        sticky: Mapping[str, str],
+        workers: list[str],
+        adverts: Mapping[str, HostAdvert],
+        loads: WorkerLoads,
+        step_types: StepTypes | None = None,
+    ) -> Spread:
+        """Which of `workers` (eligible for `job_type`) takes which start: each on a host that
+        runs its step's type, by load, a sticky step back on its host (see `spreading`)."""
+        return spread(
+            starts,
+            sticky,
+            lambda step_type: self.step_hosts(job_type, step_type, workers, adverts),
+            loads,
+            step_types,
         )
 
     def controller(

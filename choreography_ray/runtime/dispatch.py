@@ -9,6 +9,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
+from ..engine.clock import Clock, SystemClock
 from ..engine.messages import (
     SettledStops,
     StepReport,
@@ -19,10 +20,12 @@ from ..engine.messages import (
     pack_starts,
 )
 from ..engine.ports import Dispatched
+from ..engine.step_types import StepTypes
 from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
 from ..placement.capability import HostAdvert
 from ..placement.choice import Placement
+from ..placement.spreading import WorkerLoad, WorkerLoads
 from .routes import Routes
 
 AdvertsOf = Callable[[list[str]], Awaitable[dict[str, HostAdvert]]]
@@ -39,13 +42,17 @@ class RayDispatcher:
         controller: str,
         adverts: AdvertsOf | None = None,
         placement: Placement | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.routes = routes
         self.controller = controller
         self.adverts = adverts
         """What the worker hosts advertise; None takes every worker as able (tests)."""
         self.placement = placement or Placement()
-        self._turn = 0
+        self.clock = clock or SystemClock()
+        self.loads = WorkerLoads()
+        """The worker hosts' loads as last answered, and what was sent since."""
+        self._asking: asyncio.Task[None] | None = None
 
     async def _workers(self) -> list[str]:
         """The worker hosts starts go to now; `routes.on_gone` tells when one leaves."""
@@ -62,23 +69,20 @@ class RayDispatcher:
         job_type: str,
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
+        step_types: StepTypes | None = None,
     ) -> Dispatched:
         workers = await self._workers()
+        adverts: dict[str, HostAdvert] = {}
         if self.adverts is not None:
             adverts = await self.adverts(workers)
             workers = self.placement.eligible_workers(job_type, workers, adverts)
-        live = set(workers)
-        # A step that ran on a live eligible host goes back there; the rest spread over the
-        # eligible hosts, one call per host.
-        shares: dict[str, list[StepStart]] = {}
-        turn = self._turn
-        for start in starts:
-            name = sticky.get(start.step_id) if sticky else None
-            if name is None or name not in live:
-                name = workers[turn % len(workers)]
-                turn += 1
-            shares.setdefault(name, []).append(start)
-        self._turn = turn
+        # Each step on a host that runs its type, by load; a step that ran on a live eligible
+        # host goes back there. One call per host.
+        spread = self.placement.spread(
+            job_type, starts, sticky, workers, adverts, self.loads, step_types
+        )
+        self._ask_loads(workers)
+        shares = spread.shares
         names = list(shares)
         calls = [
             self.routes.call(
@@ -92,7 +96,7 @@ class RayDispatcher:
             )
             for name in names
         ]
-        dispatched = Dispatched()
+        dispatched = Dispatched(undelivered=spread.unplaced, error=spread.error)
         answers = await asyncio.gather(*calls, return_exceptions=True)
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -105,10 +109,39 @@ class RayDispatcher:
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
 
-    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+    def _ask_loads(self, workers: list[str]) -> None:
+        """Ask the worker hosts their load, in the background, at most every cadence and only
+        while there is a choice: a batch never waits for it."""
+        if len(workers) < 2 or (self._asking is not None and not self._asking.done()):
+            return
+        now = self.clock.now().timestamp()
+        if self.loads.due(now):
+            asked = self.loads.asking(now, workers)
+            self._asking = asyncio.get_running_loop().create_task(self._read_loads(asked))
+
+    async def _read_loads(self, asked: dict[str, int]) -> None:
+        names = list(asked)
+        answers = await asyncio.gather(
+            *(self.routes.call(name, "load") for name in names), return_exceptions=True
+        )
+        for name, answer in zip(names, answers, strict=True):
+            try:
+                runs, capacity = answer
+                self.loads.answered(name, WorkerLoad(int(runs), int(capacity)), asked[name])
+            except (TypeError, ValueError):
+                # No answer, or not one of this release (an older host has no `load`): the
+                # last answer stands.
+                continue
+
+    async def check_placement(
+        self, job_key: JobKey, job_type: str, step_types: Sequence[str] = ()
+    ) -> None:
         workers = await self._workers()
         if self.adverts is not None:
-            self.placement.eligible_workers(job_type, workers, await self.adverts(workers))
+            adverts = await self.adverts(workers)
+            workers = self.placement.eligible_workers(job_type, workers, adverts)
+            for step_type in step_types:
+                self.placement.step_hosts(job_type, step_type, workers, adverts)
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
         names = list(self.routes.workers)

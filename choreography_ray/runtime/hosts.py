@@ -452,6 +452,11 @@ class WorkerHost(_Host):
         results = await self.worker.start_steps(job_key, job_id, job_type, unpack_starts(starts))
         return exceptional(results)
 
+    async def load(self) -> tuple[int, int]:
+        """The runs this host holds (performing and queued) and how many it performs at once:
+        what dispatchers spread steps by. Plain ints, asked about once a second."""
+        return self.worker.active_runs, self.worker.max_parallel_steps
+
     async def stop_steps(self, request: StopRequest) -> StopResult:
         await self.ready()
         return await self.worker.stop_steps(request)

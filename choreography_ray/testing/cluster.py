@@ -26,6 +26,7 @@ from ..engine.manager import JobsManager
 from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, StopResult
 from ..engine.ports import Dispatched
 from ..engine.run_host import SyncStepRunner
+from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
 from ..jobs.errors import JobNotFoundError
 from ..jobs.job import Job
@@ -154,6 +155,7 @@ class InProcessCluster:
         job_type: str,
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
+        step_types: StepTypes | None = None,
     ) -> Dispatched:
         if self.dispatch_fault is not None:
             raise self.dispatch_fault
@@ -210,7 +212,9 @@ class InProcessCluster:
     async def _plans_apart(self, job_type: str) -> bool:
         return True if self.plans_apart is None else await self.plans_apart(job_type)
 
-    async def check_placement(self, job_key: JobKey, job_type: str) -> None:
+    async def check_placement(
+        self, job_key: JobKey, job_type: str, step_types: Sequence[str] = ()
+    ) -> None:
         if self.placement_fault is not None:
             raise self.placement_fault
 

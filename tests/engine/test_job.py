@@ -78,7 +78,7 @@ def test_when_starting_hooks_run_in_order(run, cluster, script):
 
 
 def test_when_starting_and_the_only_step_fails_to_start(run, cluster, script):
-    async def failing(job_key, job_id, job_type, starts, sticky):
+    async def failing(job_key, job_id, job_type, starts, sticky, step_types=None):
         return Dispatched(
             [
                 StartResult(s.step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, "no")
@@ -103,7 +103,7 @@ def test_when_starting_and_one_step_fails_to_start_while_another_was_already_sta
 ):
     real = cluster.start_steps
 
-    async def partly(job_key, job_id, job_type, starts, sticky):
+    async def partly(job_key, job_id, job_type, starts, sticky, step_types=None):
         answer = await real(
             job_key, job_id, job_type, [s for s in starts if s.step_id != bad], sticky
         )
@@ -135,7 +135,7 @@ def test_when_starting_and_the_only_step_was_already_started_it_is_not_a_failure
 ):
     real = cluster.start_steps
 
-    async def already(job_key, job_id, job_type, starts, sticky):
+    async def already(job_key, job_id, job_type, starts, sticky, step_types=None):
         answer = await real(job_key, job_id, job_type, starts, sticky)  # it really runs
         answer.results = [StartResult(s.step_id, outcome) for s in starts]
         return answer

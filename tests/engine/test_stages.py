@@ -142,7 +142,7 @@ def test_and_the_only_step_in_the_first_stage_fails_to_start(run, cluster, scrip
 
     real = cluster.start_steps
 
-    async def refusing_a(job_key, job_id, job_type, starts, sticky):
+    async def refusing_a(job_key, job_id, job_type, starts, sticky, step_types=None):
         keys = {s.step_id: s for s in starts}
         states = await cluster.storage().steps.get_many(job_id, list(keys))
         bad = {s.id for s in states if s.name == "a"}
@@ -171,7 +171,7 @@ def test_and_the_only_step_in_a_stage_that_continues_on_failure_fails_to_start(
     script.continue_stages.add(0)
     real = cluster.start_steps
 
-    async def refusing_a(job_key, job_id, job_type, starts, sticky):
+    async def refusing_a(job_key, job_id, job_type, starts, sticky, step_types=None):
         states = await cluster.storage().steps.get_many(job_id, [s.step_id for s in starts])
         bad = {s.id for s in states if s.name == "a"}
         answer = await real(

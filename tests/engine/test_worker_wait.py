@@ -11,7 +11,7 @@ import pytest
 from choreography_ray.jobs import JobsOptions, JobStatus, StartJobError
 from choreography_ray.jobs.errors import NoEligibleJobWorker
 
-from .fixtures import ScenarioJob, request
+from .fixtures import ScenarioJob, WindowJob, request
 
 WATCHDOG = 30
 NONE_QUALIFIES = NoEligibleJobWorker("no worker host runs job type 'scenario'")
@@ -146,3 +146,76 @@ def test_while_waiting_is_allowed_no_worker_at_preparation_does_not_fail_the_job
     result, waiting, state = run(scenario())
     assert result.succeeded and waiting.waiting_for_worker is not None
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+# -- steps of several types: some find a worker, others none -----------------------------------
+
+
+def no_worker_for_b(cluster) -> None:
+    """No worker takes step b (none runs its type); the others start as usual."""
+    real = cluster.start_steps
+
+    async def without_b(job_key, job_id, job_type, starts, sticky, step_types=None):
+        states = await cluster.storage().steps.get_many(job_id, [s.step_id for s in starts])
+        nowhere = {s.id for s in states if s.name == "b"}
+        answer = await real(
+            job_key, job_id, job_type, [s for s in starts if s.step_id not in nowhere], sticky
+        )
+        answer.undelivered = [s for s in starts if s.step_id in nowhere]
+        answer.error = NONE_QUALIFIES if answer.undelivered else None
+        return answer
+
+    cluster.start_steps = without_b
+
+
+def test_while_some_steps_find_no_worker_the_job_goes_on_waiting_its_deadline_unchanged(
+    run, cluster, script
+):
+    """A job whose steps are of several types may have workers for some and none for others:
+    the steps that started do not end the wait of the others."""
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        no_worker_for_b(cluster)
+        # a window of two: a and b go first, then c, which a worker takes
+        result = await cluster.start(WindowJob, request("a", "b", "c"))
+        await cluster.settle()
+        waiting = await cluster.manager().get(result.job_id)
+        script.release("a")
+        for _ in range(5 * 60 // WATCHDOG + 1):
+            await cluster.advance(WATCHDOG)
+        return result, waiting, await cluster.wait(result.job_id)
+
+    result, waiting, state = run(scenario())
+    assert result.succeeded
+    assert sorted(step for step, _ in script.runs) == ["a", "c"]
+    assert waiting.waiting_for_worker is not None
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 1
+    assert state.status_changes[-1].occurred - waiting.waiting_for_worker.since >= timedelta(
+        minutes=5
+    )
+    assert [o.error.messages for o in script.outcomes if o.error] == [[str(NONE_QUALIFIES)]]
+
+
+def test_a_recovered_job_whose_batch_finds_workers_for_some_steps_keeps_its_deadline(
+    run, cluster, script
+):
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        no_worker_for_b(cluster)
+        result = await cluster.start(ScenarioJob, request("a", "b"))
+        before = await cluster.storage().jobs.get(result.job_id)
+        await cluster.advance(WATCHDOG)
+        await cluster.crash()
+        await cluster.manager().resume(result.job_id)  # a and b go again, in one batch
+        await cluster.settle()
+        resumed = await cluster.manager().get(result.job_id)
+        script.release("a")
+        return before, resumed
+
+    before, resumed = run(scenario())
+    assert script.ran("a") == 2 and script.ran("b") == 0
+    assert resumed.waiting_for_worker is not None
+    assert resumed.waiting_for_worker.since == before.waiting_for_worker.since

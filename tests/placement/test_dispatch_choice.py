@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
+from choreography_ray.engine.clock import FakeClock, settle
 from choreography_ray.engine.messages import StepStart
+from choreography_ray.engine.step_types import StepTypes
 from choreography_ray.jobs import NoEligibleJobWorker
 from choreography_ray.jobs.state import JobKey
 from choreography_ray.placement.capability import HostAdvert
+from choreography_ray.placement.spreading import LOAD_CADENCE
 from choreography_ray.runtime.dispatch import RayDispatcher
 
 
@@ -63,3 +66,126 @@ def test_check_placement_says_why_no_worker_qualifies(workers, message) -> None:
     with pytest.raises(NoEligibleJobWorker, match=message.replace("(", r"\(").replace(")", r"\)")):
         asyncio.run(sender.check_placement(JobKey(), "geo.Index"))
     asyncio.run(dispatcher(["w1"])[0].check_placement(JobKey(), "geo.Index"))
+
+
+# -- each step by its own type, over the hosts by load ------------------------------------------
+
+STEP_ADVERTS = {
+    "w1": HostAdvert(
+        name="w1", node_id="n1", job_types=["geo.Index"], step_types=["geo.tile", "geo.shape"]
+    ),
+    "w2": HostAdvert(
+        name="w2",
+        node_id="n2",
+        job_types=["geo.Index"],
+        step_types=["geo.shape"],
+        failed_modules={"geo.tiles": "ModuleNotFoundError: No module named 'gdal'"},
+    ),
+}
+
+
+class LoadedRoutes(StubRoutes):
+    """Worker hosts that answer their load, and record which starts each took."""
+
+    def __init__(self, workers: list[str], load: dict[str, tuple[int, int]]) -> None:
+        super().__init__(workers)
+        self.load = load
+        self.took: dict[str, list[str]] = {}
+
+    async def call(self, name: str, method: str, *args: Any) -> Any:
+        self.calls.append((name, method))
+        if method == "load":
+            return self.load[name]
+        if method == "start_steps":
+            self.took.setdefault(name, []).extend(packed[0] for packed in args[-1])
+        return []
+
+
+def typed(**kinds: str) -> StepTypes:
+    types = StepTypes()
+    for step_id, kind in kinds.items():
+        types.add(step_id, kind)
+    return types
+
+
+def step_dispatcher(
+    routes: StubRoutes,
+    adverts: dict[str, HostAdvert] = STEP_ADVERTS,
+    clock: FakeClock | None = None,
+) -> RayDispatcher:
+    async def read(hosts: list[str]) -> dict[str, HostAdvert]:
+        return {name: adverts[name] for name in hosts if name in adverts}
+
+    return RayDispatcher(routes, "controller", read, clock=clock)  # type: ignore[arg-type]
+
+
+def test_each_step_goes_only_to_a_worker_host_that_runs_its_own_type() -> None:
+    routes = LoadedRoutes(["w1", "w2"], {"w1": (0, 2), "w2": (0, 2)})
+    kinds = typed(s0="geo.shape", s1="geo.tile", s2="geo.shape", s3="geo.tile")
+    answer = asyncio.run(
+        step_dispatcher(routes).start_steps(
+            JobKey(), "j", "geo.Index", [StepStart(f"s{n}", 0) for n in range(4)], {}, kinds
+        )
+    )
+    assert set(routes.took["w1"]) >= {"s1", "s3"} and not {"s1", "s3"} & set(routes.took["w2"])
+    assert answer.undelivered == [] and answer.error is None
+
+
+def test_steps_of_a_type_no_worker_runs_are_undelivered_with_the_reason() -> None:
+    routes = LoadedRoutes(["w2"], {"w2": (0, 2)})
+    kinds = typed(s0="geo.shape", s1="geo.tile")
+    answer = asyncio.run(
+        step_dispatcher(routes).start_steps(
+            JobKey(), "j", "geo.Index", [StepStart("s0", 0), StepStart("s1", 0)], {}, kinds
+        )
+    )
+    assert routes.took == {"w2": ["s0"]}
+    assert [s.step_id for s in answer.undelivered] == ["s1"]
+    assert isinstance(answer.error, NoEligibleJobWorker)
+    assert str(answer.error) == (
+        "no worker host runs step type 'geo.tile' of job type 'geo.Index': node n2 (w2): "
+        "module geo.tiles: ModuleNotFoundError: No module named 'gdal'"
+    )
+    # Before preparing, the same reason fails the check (the reference system's moment 1).
+    with pytest.raises(NoEligibleJobWorker, match=r"step type 'geo\.tile'"):
+        asyncio.run(
+            step_dispatcher(routes).check_placement(
+                JobKey(), "geo.Index", ["geo.shape", "geo.tile"]
+            )
+        )
+    asyncio.run(step_dispatcher(routes).check_placement(JobKey(), "geo.Index", ["geo.shape"]))
+
+
+def test_the_dispatcher_asks_the_loads_in_the_background_at_most_once_a_second() -> None:
+    async def scenario() -> tuple[dict[str, list[str]], list[int]]:
+        clock = FakeClock()
+        routes = LoadedRoutes(["w1", "w2"], {"w1": (12, 2), "w2": (0, 2)})
+        sender = step_dispatcher(routes, clock=clock)
+
+        def questions() -> int:
+            return sum(1 for _, method in routes.calls if method == "load")
+
+        counts = []
+        await sender.start_steps(JobKey(), "j", "geo.Index", [StepStart("a", 0)], {})
+        await settle()  # the question, sent beside the batch, is answered
+        counts.append(questions())
+        routes.took.clear()
+        for n in range(10):
+            await sender.start_steps(JobKey(), "j", "geo.Index", [StepStart(f"b{n}", 0)], {})
+        counts.append(questions())
+        await clock.advance(LOAD_CADENCE)
+        await sender.start_steps(JobKey(), "j", "geo.Index", [StepStart("c", 0)], {})
+        counts.append(questions())
+        return routes.took, counts
+
+    took, counts = asyncio.run(scenario())
+    assert counts == [2, 2, 4]  # both hosts once, then once more a cadence later
+    assert took["w2"][:10] == [f"b{n}" for n in range(10)]  # w1 answered it is loaded
+
+
+def test_with_one_worker_host_no_load_is_asked() -> None:
+    routes = LoadedRoutes(["w1"], {"w1": (0, 2)})
+    sender = step_dispatcher(routes)
+    for n in range(5):
+        asyncio.run(sender.start_steps(JobKey(), "j", "geo.Index", [StepStart(f"s{n}", 0)], {}))
+    assert [method for _, method in routes.calls] == ["start_steps"] * 5

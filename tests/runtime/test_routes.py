@@ -86,7 +86,8 @@ def test_a_host_that_never_answers_is_gone_after_the_bound(run) -> None:
         assert routes.workers == [WORKERS[0]]
         # The table is read again at once; the silent host must answer a ping to come back.
         silent = directory.hosts[WORKERS[1]]
-        await until(lambda: silent.asked == 2)  # the start, then the reading's ping
+        # the load question and the start (both unanswered), then the reading's ping
+        await until(lambda: silent.asked == 3)
         await clock.advance(TIMEOUT * 1.25)  # its ping is given up within 1.25 bounds
         assert routes.workers == [WORKERS[0]]
         directory.hosts[WORKERS[1]].hung = False
