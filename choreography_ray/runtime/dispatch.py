@@ -76,12 +76,13 @@ class RayDispatcher:
         if self.adverts is not None:
             adverts = await self.adverts(workers)
             workers = self.placement.eligible_workers(job_type, workers, adverts)
+        # Asked before this batch counts as sent: a host's answer is never taken to include it.
+        self._ask_loads()
         # Each step on a host that runs its type, by load; a step that ran on a live eligible
         # host goes back there. One call per host.
         spread = self.placement.spread(
             job_type, starts, sticky, workers, adverts, self.loads, step_types
         )
-        self._ask_loads(workers)
         shares = spread.shares
         names = list(shares)
         calls = [
@@ -109,9 +110,10 @@ class RayDispatcher:
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
 
-    def _ask_loads(self, workers: list[str]) -> None:
-        """Ask the worker hosts their load, in the background, at most every cadence and only
+    def _ask_loads(self) -> None:
+        """Ask every worker host its load, in the background, at most every cadence and only
         while there is a choice: a batch never waits for it."""
+        workers = self.routes.workers
         if len(workers) < 2 or (self._asking is not None and not self._asking.done()):
             return
         now = self.clock.now().timestamp()

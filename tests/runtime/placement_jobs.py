@@ -52,6 +52,28 @@ class SpreadJob(Job[Spread], name="placement-tests.spread"):
         ]
 
 
+class TwoKindsJob(Job[Spread], name="placement-tests.two-kinds"):
+    """Steps of two types: counted ones (numbered from 0), whose module every node imports,
+    and picky ones (numbered from 100), whose module fails on nodes labelled
+    `placement-tests/no-picky`. The job's own module imports everywhere."""
+
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Spread):
+        from .placement_picky import PickyStep  # prepared on a controller, where it imports
+
+        return [
+            *(
+                self.create_step(CountedStep, request.model_copy(update={"n": n}))
+                for n in range(request.steps)
+            ),
+            *(
+                self.create_step(PickyStep, request.model_copy(update={"n": 100 + n}))
+                for n in range(request.steps)
+            ),
+        ]
+
+
 def records(directory: Path) -> dict[int, dict[str, object]]:
     """Each step's node and how many steps ran on that node as it started, by step number."""
     return {int(path.stem): json.loads(path.read_text()) for path in directory.glob("*.json")}

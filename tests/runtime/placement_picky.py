@@ -16,6 +16,10 @@ if (
     raise ModuleNotFoundError("No module named 'picky_dependency'")
 
 
+class PickyStep(CountedStep, name="placement-tests.picky-step"):
+    """A step type of this module: it runs only where the module imported."""
+
+
 class PickyJob(Job[Spread], name="placement-tests.picky"):
     keep_after_completed = True
 
