@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from choreography_ray.jobs import Job, JobStep, StepContext
+from choreography_ray.jobs import Job, JobStep, NoEligibleJobWorker, StepContext
+from choreography_ray.jobs.job import StepOutcome
+from choreography_ray.placement.directors import Candidate
 
 
 class Spread(BaseModel):
@@ -19,6 +23,8 @@ class Spread(BaseModel):
     n: int = 0
     hold: float = 0.3
     """Seconds each step stays running, so that steps of one node overlap."""
+    release: str = ""
+    """A file: when named, each step first waits until it exists."""
 
 
 class CountedStep(JobStep[Spread, Spread, str], name="placement-tests.counted"):
@@ -28,6 +34,8 @@ class CountedStep(JobStep[Spread, Spread, str], name="placement-tests.counted"):
     async def perform(self, state: Spread, ctx: StepContext) -> str:
         import ray
 
+        if state.release:
+            await _until_made(state.release)
         node_id = ray.get_runtime_context().get_node_id()
         running = Path(state.directory) / "running" / node_id
         running.mkdir(parents=True, exist_ok=True)
@@ -40,6 +48,18 @@ class CountedStep(JobStep[Spread, Spread, str], name="placement-tests.counted"):
         record = {"node": node_id, "running": now}
         (Path(state.directory) / f"{state.n}.json").write_text(json.dumps(record))
         return node_id
+
+
+def _made(path: str) -> bool:
+    return os.path.exists(path)
+
+
+async def _until_made(path: str) -> None:
+    """Wait until the test makes the file `path` (in another process: polled)."""
+    while True:
+        if _made(path):
+            return
+        await asyncio.sleep(0.05)
 
 
 class SpreadJob(Job[Spread], name="placement-tests.spread"):
@@ -91,3 +111,45 @@ class SteadyForOffside:
         if job_type != OffsideJob.name:
             return [c.host for c in candidates]
         return [c.host for c in candidates if c.labels.get("spot") == "false"]
+
+
+# -- when no worker qualifies ------------------------------------------------------------------
+
+GATES_ENV = "PLACEMENT_TESTS_GATES"
+"""A directory, set in the hosts' environment: a file there named after a job type closes
+that type's gate (`GatedWorkers`)."""
+
+
+def gates() -> Path:
+    return Path(os.environ[GATES_ENV])
+
+
+class GatedWorkers:
+    """The step director of the no-worker tests: while a job type's gate is closed, no worker
+    host qualifies for its steps; each refusal is noted in the file `<type>.refused`."""
+
+    def choose_workers(self, job_type: str, candidates: Sequence[Candidate]) -> list[str]:
+        root = os.environ.get(GATES_ENV)
+        if root and (Path(root) / job_type).exists():
+            with (Path(root) / f"{job_type}.refused").open("a") as noted:
+                noted.write("refused\n")
+            raise NoEligibleJobWorker(f"the gate of job type {job_type} is closed")
+        return [c.host for c in candidates]
+
+
+class ClosingJob(SpreadJob, name="placement-tests.closing"):
+    """Closes its own gate once its steps are prepared, before they start: no worker qualifies
+    as its prepared steps start. Notes each step outcome's error messages in
+    `<job id>.outcomes`, one JSON list a line."""
+
+    def on_before_starting_job_steps(self) -> None:
+        (gates() / self.name).touch()
+
+    def on_step_completed_or_stopped(self, outcome: StepOutcome) -> None:
+        messages = outcome.error.messages if outcome.error is not None else []
+        with (gates() / f"{self.info.id}.outcomes").open("a") as noted:
+            noted.write(json.dumps(messages) + "\n")
+
+
+class GatedJob(SpreadJob, name="placement-tests.gated"):
+    """Its steps find a worker only while the test leaves its gate open."""
