@@ -129,11 +129,16 @@ class StepLedger:
         storage."""
         self.stage_steps = {}
         self.types = types = StepTypes()
+        others = types.others
         for step_id, stage, name, step_type in steps:
             self.stage_steps.setdefault(stage, []).append(step_id)
             self.stage_of[step_id] = stage
             self.names[step_id] = name
-            types.add(step_id, step_type)
+            if step_type != types.default:  # `StepTypes.add`, inline: once per step
+                if types.default:
+                    others[step_id] = step_type
+                else:
+                    types.default = step_type
         self.counted.recount()
         self.loaded = True
 
