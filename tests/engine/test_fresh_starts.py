@@ -59,14 +59,14 @@ def test_a_prepared_record_changed_before_its_first_start_is_not_overwritten(run
     real = cluster.start_steps
     changed: list[str] = []
 
-    async def changing_one(job_key, job_id, job_type, starts, sticky):
+    async def changing_one(job_key, job_id, job_type, starts, sticky, step_types=None):
         first = starts[0]
         assert first.prepared is not None
         [state] = await cluster.storage().steps.get_many(job_id, [first.step_id])
         state.name = "changed elsewhere"
         await cluster.storage().steps.save(state)
         changed.append(first.step_id)
-        return await real(job_key, job_id, job_type, starts, sticky)
+        return await real(job_key, job_id, job_type, starts, sticky, step_types)
 
     cluster.start_steps = changing_one
 
@@ -83,7 +83,7 @@ def test_a_prepared_record_changed_before_its_first_start_is_not_overwritten(run
 
 def test_a_stage_is_done_once_every_step_of_it_is_counted_and_not_before():
     ledger = StepLedger()
-    ledger.index([("a", 0, "a"), ("b", 0, "b"), ("c", 1, "c")])
+    ledger.index([("a", 0, "a", "t"), ("b", 0, "b", "t"), ("c", 1, "c", "t")])
     ledger.counted.add("a")
     ledger.counted.add("a")  # counting twice counts once
     assert not ledger.stage_done(0)
@@ -106,5 +106,5 @@ def test_steps_counted_before_their_stages_are_known_count_once_they_are():
     ledger = StepLedger()
     ledger.counted.add("a")
     ledger.counted.add("b")
-    ledger.index([("a", 0, "a"), ("b", 0, "b")])
+    ledger.index([("a", 0, "a", "t"), ("b", 0, "b", "t")])
     assert ledger.stage_done(0)
