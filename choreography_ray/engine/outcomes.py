@@ -57,11 +57,9 @@ class Outcomes:
         elif status not in (JobStatus.STOPPED, JobStatus.REMOVING):
             record.counters.ignored_reports += 1
             return False
-        if stop:
-            if step_id in state.stopped_steps_counted:
-                record.counters.ignored_reports += 1
-                return False
-            state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
+        if stop and not ledger.stops.add(state, step_id):
+            record.counters.ignored_reports += 1
+            return False
         await self.count(report)
         return False
 
@@ -79,9 +77,8 @@ class Outcomes:
             JobStepStatus.COMPLETED_WITH_FAILURE,
         ):
             return False
-        if step_id not in state.stopped_steps_counted:
+        if not self.ledger.stops.discard(state, step_id):
             return False
-        state.stopped_steps_counted = [s for s in state.stopped_steps_counted if s != step_id]
         counting.uncount_stop(state.progress)
         self.ledger.counted.discard(step_id)
         return True

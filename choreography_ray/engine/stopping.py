@@ -132,7 +132,7 @@ class Stopping:
         earlier: set[str] = set()
         for step in steps:
             if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
-                state.stopped_steps_counted.append(step.id)
+                ledger.stops.add(state, step.id)
                 counting.count(state.progress, step.stage, JobStepStatus.STOPPED)
                 ledger.counted.add(step.id)
                 if step.generation < state.execution_generation:
@@ -250,10 +250,9 @@ class Stopping:
         ledger.tracked.pop(step_id, None)
         if step_id in ledger.counted:
             return
-        if step_id in state.stopped_steps_counted:
+        if not ledger.stops.add(state, step_id):
             ledger.counted.add(step_id)
             return
-        state.stopped_steps_counted = [*state.stopped_steps_counted, step_id]
         await self.outcomes.count(
             StepReport(
                 step_id=step_id,

@@ -1,12 +1,10 @@
 """A step's first start carries the record its job just prepared, so the worker need not read
-it back; the record's version keeps that as safe as the read it replaces. And the stage
-cursor's count of outcomes per stage, which replaced a scan of the stage."""
+it back; the record's version keeps that as safe as the read it replaces."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from choreography_ray.engine.ledger import StepLedger
 from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.testing import InProcessCluster
 
@@ -79,32 +77,3 @@ def test_a_prepared_record_changed_before_its_first_start_is_not_overwritten(run
     assert record.name == "changed elsewhere"
     assert record.status == JobStepStatus.UNKNOWN  # the run wrote nothing over it
     assert record.version == 2
-
-
-def test_a_stage_is_done_once_every_step_of_it_is_counted_and_not_before():
-    ledger = StepLedger()
-    ledger.index([("a", 0, "a", "t"), ("b", 0, "b", "t"), ("c", 1, "c", "t")])
-    ledger.counted.add("a")
-    ledger.counted.add("a")  # counting twice counts once
-    assert not ledger.stage_done(0)
-    ledger.counted.add("b")
-    assert ledger.stage_done(0)
-    assert ledger.first_open_stage() == 1
-    ledger.counted.discard("b")  # an outcome taken back (a stop followed by the success)
-    assert not ledger.stage_done(0)
-    assert ledger.first_open_stage() == 0
-    ledger.counted.clear()
-    assert not ledger.stage_done(0)
-    ledger.counted.update(["a", "b"])
-    assert ledger.stage_done(0)
-    ledger.counted.clear()
-    ledger.counted |= {"a", "b"}
-    assert ledger.stage_done(0)
-
-
-def test_steps_counted_before_their_stages_are_known_count_once_they_are():
-    ledger = StepLedger()
-    ledger.counted.add("a")
-    ledger.counted.add("b")
-    ledger.index([("a", 0, "a", "t"), ("b", 0, "b", "t")])
-    assert ledger.stage_done(0)
