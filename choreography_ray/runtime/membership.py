@@ -26,7 +26,7 @@ from .host_process import cluster_config
 from .node_hosts import create_node_hosts, facts_of, roles_of
 
 if TYPE_CHECKING:
-    from .hosts import ControllerHost
+    from .controller_host import ControllerHost
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -119,16 +119,16 @@ class ControllerParticipant:
         await self.host.routes.refresh()
 
     async def catalog(self) -> KeyCatalog:
-        if self.host.catalog is None:
+        if self.host.recovery.catalog is None:
             return KeyCatalog((), ("the key catalog (the host has not started)",))
-        return await self.host.catalog.read()
+        return await self.host.recovery.catalog.read()
 
     async def rehydrate(self, catalog: KeyCatalog) -> None:
         """Every partition: the catalog's, the configuration's and those this host serves,
         known ones again (their jobs may have lost their activation with the dead host)."""
         config = await asyncio.to_thread(cluster_config, self.host.namespace)
         keys: list[JobKey] = list(dict.fromkeys([*config.keys, *catalog.keys, *self.host.managers]))
-        await self.host.partitions.recover(keys, again=True)
+        await self.host.recovery.partitions.recover(keys, again=True)
 
     async def taking_down(self) -> bool:
         return await asyncio.to_thread(taking_down, self.host.namespace)

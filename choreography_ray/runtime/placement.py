@@ -20,9 +20,10 @@ from ..placement.roles import NodeRoles, refused_role, worker_share
 from .adverts import read_adverts
 from .config import mark_taking_down, require_config, write_config
 from .constants import ACTOR_PREFIX
+from .controller_host import ControllerHost
 from .directory import actor_names
-from .hosts import ControllerHost, WorkerHost
 from .node_hosts import create_node_hosts, node_facts, node_roles
+from .worker_host import WorkerHost
 
 log = logging.getLogger("choreography_ray.runtime")
 

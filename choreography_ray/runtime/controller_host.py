@@ -1,0 +1,204 @@
+"""The controller host: a node's jobs managers and job activations, as a Ray actor.
+
+It serves what clients ask (start, get, stop, resume, remove, drain, wait, list), hears the
+outcomes worker hosts report, and takes part in recovery (`controller_recovery`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..engine.context import EngineContext
+from ..engine.job import JobStartResult
+from ..engine.manager import JobsManager
+from ..engine.messages import PackedReport, unpack_reports
+from ..jobs.errors import DrainOutcome, OwnedElsewhereError
+from ..jobs.registry import Payload, TypeKind, default_registry
+from ..jobs.state import JobKey, JobOwner, JobState
+from ..placement.capability import PLAN_STORAGE, hosts_of_type_have
+from ..placement.choice import Placement
+from ..recovery.explicit import RehydrationSummary, rehydrate_within
+from ..recovery.liveness import owner_alive
+from ..recovery.rehydration import Rehydration
+from ..storage.protocols import JobQuery, StepCounts
+from ..testing.hooks import hooked_storage
+from .adverts import Adverts, delete_advert
+from .constants import controller_name
+from .controller_recovery import ControllerRecovery
+from .dispatch import RayDispatcher
+from .host import Host
+from .host_process import rss_kb
+from .metrics import Metrics
+from .worker_host import WorkerHost
+
+
+class ControllerHost(Host):
+    """Jobs managers and job activations of one node."""
+
+    def __init__(self, namespace: str, node_id: str) -> None:
+        super().__init__(namespace, node_id, controller_name(node_id))
+        self.placement = Placement(self.options.job_director, self.options.step_director)
+        self.adverts = Adverts(namespace, self.clock)
+        self.dispatcher = RayDispatcher(self.routes, self.name, self.adverts.of, self.placement)
+        self.me = JobOwner(host=self.name, activation_epoch=self.epoch)
+        self.managers: dict[JobKey, JobsManager] = {}
+        self.metrics = Metrics("controller")
+        self.recovery = ControllerRecovery(self)
+        self.partition = hooked_storage(self.provider.for_key, self.name)  # tests may wrap it
+
+    async def _start(self) -> None:
+        self.routes.on_dead(self.recovery.host_gone)
+        await super()._start()
+        await self.recovery.watch_membership(WorkerHost)
+        await self._refresh()
+        self.recovery.start_sweeping()
+
+    async def hosts_lost(self, names: set[str]) -> int:
+        """Worker hosts that are gone: their steps are sent again (`ControllerRecovery`)."""
+        return await self.recovery.hosts_lost(names)
+
+    async def refresh(self) -> list[str]:
+        """Read the configuration again: import new job modules, recover new partitions.
+
+        A partition whose rehydration fails is retried alone in the background and does not
+        hold up the others. Returns the modules that failed to import, with the reasons."""
+        await self.ready()  # recovery needs the storage open: a failed start is begun again
+        return await self._refresh()
+
+    async def _refresh(self) -> list[str]:
+        """The partitions to recover: those the cluster's configuration names, and those the
+        key catalog finds unfinished jobs in (storage's, which survives a whole-cluster
+        restart, and the user's key providers)."""
+        config, failed = await self._import_new_modules()
+        await self.recovery.recover(list(config.keys))
+        return failed
+
+    async def _plans_apart(self, job_type: str) -> bool:
+        """Whether every host that may run `job_type` can read a plan stored apart: while an
+        older release runs one, plans stay inline (rolling upgrades)."""
+        if not self.routes.controllers and not self.routes.workers:
+            await self.routes.refresh()
+        live = [*self.routes.controllers, *self.routes.workers]
+        return hosts_of_type_have(live, await self.adverts.of(live), job_type, PLAN_STORAGE)
+
+    async def _alive(self, owner: JobOwner) -> bool:
+        return await owner_alive(owner, self.me, self._ping)
+
+    async def _active_workers(self) -> frozenset[str]:
+        """The worker hosts in the routing table (read off the loop, kept fresh)."""
+        return frozenset(self.routes.workers)
+
+    async def _ping(self, host: str) -> int:
+        epoch: int = await self.routes.call(host, "ping")
+        return epoch
+
+    def manager(self, key: JobKey) -> JobsManager:
+        manager = self.managers.get(key)
+        if manager is None:
+            manager = self.managers[key] = JobsManager(
+                EngineContext(
+                    key=key,
+                    storage=self.partition(key),
+                    registry=default_registry,
+                    options=self.options,
+                    clock=self.clock,
+                    dispatcher=self.dispatcher,
+                    plans_apart=self._plans_apart,
+                    owner=self.me,
+                    owner_alive=self._alive,
+                    on_status=self.metrics.job_status,
+                    active_hosts=self._active_workers,
+                ),
+                recovery=Rehydration,
+            )
+        return manager
+
+    # -- what clients ask -----------------------------------------------------------------------
+
+    async def start(
+        self, key: JobKey, job_type: str, request: Payload, job_id: str | None
+    ) -> JobStartResult:
+        await self.ready()
+        job_class = default_registry.resolve(job_type, TypeKind.JOB)
+        typed = default_registry.load(request, TypeKind.REQUEST)
+        result = await self.manager(key).start(job_class, typed, job_id=job_id)  # type: ignore[arg-type]
+        self.metrics.job_started(job_type, result.succeeded)
+        return result
+
+    async def get(self, key: JobKey, job_id: str) -> JobState:
+        await self.ready()
+        return await self.manager(key).get(job_id)
+
+    async def step_counts(self, key: JobKey, job_id: str) -> StepCounts:
+        await self.ready()
+        return await self.manager(key).step_counts(job_id)
+
+    async def wait(self, key: JobKey, job_id: str, within: float) -> JobState | None:
+        """The job's state once it finishes, or as it stands after `within` seconds."""
+        await self.ready()
+        return await self.manager(key).wait_finished(job_id, within)
+
+    async def list(self, key: JobKey, query: JobQuery) -> list[JobState]:
+        await self.ready()
+        return await self.manager(key).list(query)
+
+    async def _owned(self, key: JobKey, job_id: str, operation: str, *args: Any) -> Any:
+        await self.ready()
+        try:
+            return await getattr(self.manager(key), operation)(job_id, *args)
+        except OwnedElsewhereError as elsewhere:
+            return await self.routes.call(elsewhere.host, operation, key, job_id, *args)
+
+    async def stop(self, key: JobKey, job_id: str) -> None:
+        return await self._owned(key, job_id, "stop")
+
+    async def resume(self, key: JobKey, job_id: str) -> Any:
+        return await self._owned(key, job_id, "resume")
+
+    async def remove(self, key: JobKey, job_id: str) -> None:
+        return await self._owned(key, job_id, "remove")
+
+    async def drain(self, key: JobKey, job_id: str, within: float) -> DrainOutcome:
+        return await self._owned(key, job_id, "drain", within)
+
+    async def deliver(self, key: JobKey, job_id: str, packed: list[PackedReport]) -> None:
+        """Step outcomes from a worker host, already durable."""
+        reports = unpack_reports(packed)
+        self.metrics.outcomes(reports)
+        return await self._owned(key, job_id, "deliver", reports)
+
+    async def activations(self) -> int:
+        """How many jobs this host runs now: its part of a controller's headroom."""
+        return sum(len(manager.active_jobs()) for manager in self.managers.values())
+
+    async def stats(self) -> dict[str, Any]:
+        """Peak memory and the storage writes of released job activations (benchmarks)."""
+        import resource
+
+        writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
+        for manager in self.managers.values():
+            for name, count in manager.writes.items():
+                writes[name] += count
+        return {
+            "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            **writes,
+            "live_jobs": sum(len(manager.active_jobs) for manager in self.managers.values()),
+            **self.recovery.stats(),
+            "rss_kb": rss_kb(),
+        }
+
+    async def rehydrate(self, key: JobKey, within: float) -> RehydrationSummary:
+        """An explicit rehydration pass of the partition, summarized once its jobs resumed or
+        after `within` seconds."""
+        await self.ready()
+        return await rehydrate_within(self.manager(key), within, self.clock)
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(delete_advert, self.name, self.namespace)
+        self._startup.close()
+        self.recovery.close()
+        for manager in self.managers.values():
+            manager.close()
+        self.routes.close()
+        await self.provider.close()

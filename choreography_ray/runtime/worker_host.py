@@ -1,0 +1,148 @@
+"""The worker host: a node's step activations and its throttle, as a Ray actor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from ..engine.messages import (
+    PackedStart,
+    SettledStops,
+    StartResult,
+    StopRequest,
+    StopResult,
+    exceptional,
+    unpack_starts,
+)
+from ..engine.worker import StepWorker
+from ..jobs.registry import default_registry
+from ..jobs.state import JobKey
+from .adverts import delete_advert
+from .constants import worker_name
+from .dispatch import RayReporter
+from .host import Host
+from .host_process import rss_kb
+from .metrics import Metrics
+from .sync_steps import RaySyncStepRunner
+
+
+class WorkerHost(Host):
+    """Step activations of one node, and its throttle."""
+
+    def __init__(
+        self, namespace: str, node_id: str, max_parallel_steps: int | None, index: int = 0
+    ) -> None:
+        super().__init__(namespace, node_id, worker_name(node_id, index))
+        self.reporter = RayReporter(self.routes)
+        self.metrics = Metrics("worker")
+        self.worker = StepWorker(
+            storage_for=self.provider.for_key,
+            registry=default_registry,
+            options=self.options,
+            clock=self.clock,
+            reporter=self.reporter,
+            max_parallel_steps=max_parallel_steps,
+            sync_runner=RaySyncStepRunner(
+                node_id,
+                ray.get_runtime_context().current_actor,
+                modules=lambda: self.modules,
+                call_timeout=self.options.host_call_timeout.total_seconds(),
+            ),
+            node_id=node_id,
+            activation_id=str(self.epoch),
+            host=self.name,
+            peers=self,
+        )
+        self.worker.metrics = self.metrics
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> list[str]:
+        """Import job modules added to the configuration; the ones that failed, with reasons."""
+        _, failed = await self._import_new_modules()
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+        return failed
+
+    async def _flush_metrics(self) -> None:
+        """Hand counted step events to Ray every second, so the last ones are never held."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.flush()
+
+    async def start_steps(
+        self,
+        controller: str,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: list[PackedStart],
+    ) -> list[StartResult]:
+        """Accept a batch of starts. Only the results of starts that did not simply start
+        come back: the job takes a start with no result as started."""
+        await self.ready()
+        self.reporter.controllers[(job_key, job_id)] = controller
+        results = await self.worker.start_steps(job_key, job_id, job_type, unpack_starts(starts))
+        return exceptional(results)
+
+    async def load(self) -> tuple[int, int]:
+        """The runs this host holds (performing and queued) and how many it performs at once:
+        what dispatchers spread steps by. Plain ints, asked about once a second."""
+        return self.worker.active_runs, self.worker.max_parallel_steps
+
+    async def stop_steps(self, request: StopRequest) -> StopResult:
+        await self.ready()
+        return await self.worker.stop_steps(request)
+
+    async def held_steps(self, job_key: JobKey, job_id: str) -> list[str]:
+        """The steps of the job with a run here: a new activation of the job sends them back."""
+        await self.ready()
+        return self.worker.held(job_key, job_id)
+
+    async def running_steps(
+        self, job_key: JobKey, job_id: str, step_ids: list[str]
+    ) -> tuple[str, list[str]]:
+        """This host's activation id and which of the steps it runs: asked by another worker
+        host before it starts a step whose record names this host."""
+        return str(self.epoch), self.worker.running(job_key, job_id, step_ids)
+
+    async def running(
+        self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]
+    ) -> tuple[str, list[str]]:
+        """`StepPeers`: ask worker host `host` (bounded, through the routing table)."""
+        answer: tuple[str, list[str]] = await self.routes.call(
+            host, "running_steps", job_key, job_id, list(step_ids)
+        )
+        return answer
+
+    async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
+        await self.ready()
+        return await self.worker.stop_and_wait(request, within)
+
+    async def step_callback(
+        self, job_key: JobKey, job_id: str, step_id: str, kind: str, value: Any
+    ) -> bool:
+        """Checkpoint, progress and cancellation checks from synchronous steps in Ray tasks."""
+        return self.worker.callback(job_key, job_id, step_id, kind, value)
+
+    async def stats(self) -> dict[str, Any]:
+        """Peak memory, parallelism and the step writes of this worker (benchmarks)."""
+        import resource
+
+        return {
+            "active_runs": self.worker.active_runs,
+            "peak_parallel": self.worker.peak_parallel,
+            "max_parallel_steps": self.worker.max_parallel_steps,
+            "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "rss_kb": rss_kb(),
+            **self.worker.write_stats(),
+        }
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(delete_advert, self.name, self.namespace)
+        self._startup.close()
+        await self.worker.close()
+        self.routes.close()
+        await self.provider.close()
