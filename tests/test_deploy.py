@@ -13,7 +13,7 @@ import yaml
 from choreography_ray.jobs import JobsOptions
 from choreography_ray.placement.parallelism import node_parallelism
 from choreography_ray.placement.roles import NodeFacts, declared_roles
-from choreography_ray.testing.ray_cluster import HealthChecks
+from choreography_ray.testing import HealthChecks
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = JobsOptions()

@@ -26,10 +26,8 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any
 from unittest import mock
 
 import ray
@@ -40,85 +38,24 @@ from ray.cluster_utils import Cluster
 
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
-from ..placement.roles import CONTROLLER_RESOURCE, ROLE_LABEL, WORKER_RESOURCE
 from ..runtime.client import Jobs
 from ..runtime.connection import connect
 from ..runtime.constants import NAMESPACE
 from ..runtime.directory import actor_names
 from ..storage.url import StorageURL
+from .cluster_nodes import (
+    ClusterNode,
+    HealthChecks,
+    NodeSpec,
+    Role,
+    checked_layout,
+    spec_of,
+    takes,
+)
+from .processes import POLL_SECONDS, children, parent, still_running
 
-Role = Literal["controller", "worker", "both", "none"]
-
-_RESOURCES: dict[str, dict[str, float]] = {
-    "controller": {CONTROLLER_RESOURCE: 1},
-    "worker": {WORKER_RESOURCE: 1},
-    "both": {CONTROLLER_RESOURCE: 1, WORKER_RESOURCE: 1},
-    "none": {},
-}
-
-_POLL_SECONDS = 0.05
 _EXIT_SECONDS = 10.0
 """How long a killed process, or a host actor's process after its node, may take to exit."""
-
-
-@dataclass(frozen=True)
-class HealthChecks:
-    """How quickly Ray's control store declares a node dead: it checks every node's raylet
-    each `period_ms`, a check failing after `timeout_ms`, and declares the node dead after
-    `failure_threshold` failed checks in a row. Ray's own defaults (3 s, 10 s, 5) take about
-    15 s for a killed node; these take about 1.5 s."""
-
-    period_ms: int = 500
-    timeout_ms: int = 500
-    failure_threshold: int = 3
-
-    def system_config(self) -> dict[str, int]:
-        """The head node's `_system_config` (`ray start --system-config` takes the same keys)."""
-        return {
-            "health_check_period_ms": self.period_ms,
-            "health_check_timeout_ms": self.timeout_ms,
-            "health_check_failure_threshold": self.failure_threshold,
-        }
-
-    @property
-    def detection_seconds(self) -> float:
-        """The longest Ray should take to declare a killed node dead."""
-        return (self.period_ms * self.failure_threshold + self.timeout_ms) / 1000
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """A node to start: its role, declared by custom resource or (`by_label`) by the role
-    label, and more node labels."""
-
-    role: Role
-    labels: Mapping[str, str] = field(default_factory=dict)
-    by_label: bool = False
-    env_vars: Mapping[str, str] = field(default_factory=dict)
-    """Environment of the node's processes, its host actors' among them (for instance
-    `CHOREOGRAPHY_WITHHELD_CAPABILITIES`, to play a host of an older release)."""
-
-    def node_args(self) -> dict[str, Any]:
-        """`Cluster.add_node`'s arguments that declare the role and the labels."""
-        labels = dict(self.labels)
-        resources: dict[str, float] = {}
-        if self.by_label and self.role != "none":
-            labels[ROLE_LABEL] = self.role
-        else:
-            resources = dict(_RESOURCES[self.role])
-        args: dict[str, Any] = {"resources": resources, "labels": labels}
-        if self.env_vars:
-            args["env_vars"] = dict(self.env_vars)
-        return args
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    """A node of the cluster as started: its Ray node id and the role it declares."""
-
-    node_id: str
-    role: Role
-    head: bool
 
 
 class MultiNodeCluster:
@@ -144,7 +81,7 @@ class MultiNodeCluster:
         allow_no_worker: bool = False,
     ) -> None:
         self.storage = _durable_storage(storage)
-        self.layout: tuple[NodeSpec, ...] = _checked_layout(nodes, allow_no_worker)
+        self.layout: tuple[NodeSpec, ...] = checked_layout(nodes, allow_no_worker)
         self.namespace = namespace
         self.modules = list(modules)
         self.options = options
@@ -200,7 +137,7 @@ class MultiNodeCluster:
         self._jobs = None
         if cluster is None:
             return
-        workers = _children(*self.process_ids(PROCESS_TYPE_RAYLET))
+        workers = children(*self.process_ids(PROCESS_TYPE_RAYLET))
         with contextlib.suppress(Exception):
             ray.shutdown()
         with _ray_address_file_untouched():
@@ -216,7 +153,7 @@ class MultiNodeCluster:
         for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        _still_running(workers, _EXIT_SECONDS)
+        still_running(workers, _EXIT_SECONDS)
         self._nodes.clear()
         self._removed_at.clear()
 
@@ -245,7 +182,7 @@ class MultiNodeCluster:
         layout alone."""
         if self._cluster is None:
             raise RuntimeError("the cluster is not running (start() it)")
-        spec = _spec(node)
+        spec = spec_of(node)
         with _ray_address_file_untouched():
             added = self._add(spec, head=False)
             self._cluster.wait_for_nodes(timeout=self.node_timeout)
@@ -278,7 +215,7 @@ class MultiNodeCluster:
         found = [node for node, _ in self._nodes.values()]
         if role is None:
             return found
-        return [node for node in found if _takes(node.role, role)]
+        return [node for node in found if takes(node.role, role)]
 
     def host_names(self) -> list[str]:
         """The host actors of the job system that Ray lists now, by name."""
@@ -306,7 +243,7 @@ class MultiNodeCluster:
             candidates = [
                 node
                 for node, _ in self._nodes.values()
-                if not node.head and _takes(node.role, which)
+                if not node.head and takes(node.role, which)
             ]
             if not candidates:
                 raise ValueError(
@@ -318,14 +255,14 @@ class MultiNodeCluster:
         if described.head:
             raise ValueError("the head node cannot be removed: the driver is attached to it")
         assert self._cluster is not None
-        workers = _children(node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid)
+        workers = children(node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid)
         self._cluster.remove_node(node, allow_graceful=False)
         # The node's worker processes (its host actors) die with it, as on a lost machine; the
         # raylet goes first, so Ray learns of a dead node rather than of dead actors.
         for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        if _still_running(workers, _EXIT_SECONDS):
+        if still_running(workers, _EXIT_SECONDS):
             raise TimeoutError(f"processes of node {described.node_id} outlived their SIGKILL")
         self._removed_at[described.node_id] = time.monotonic()
         del self._nodes[described.node_id]
@@ -344,7 +281,7 @@ class MultiNodeCluster:
                 return time.monotonic() - removed
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"Ray did not declare node {node_id} dead within {bound} s")
-            time.sleep(_POLL_SECONDS)
+            time.sleep(POLL_SECONDS)
 
     def host_pid(self, name: str) -> int:
         """The process id of the live host actor `name`, from Ray's actor table."""
@@ -365,21 +302,16 @@ class MultiNodeCluster:
         node lives); returns the process id, once the process is gone."""
         pid = self.host_pid(name)
         self._kill(pid)
-        if _still_running({pid}, _EXIT_SECONDS):
+        if still_running({pid}, _EXIT_SECONDS):
             raise TimeoutError(f"process {pid} of {name!r} did not exit within {_EXIT_SECONDS} s")
         return pid
 
     def _kill(self, pid: int) -> None:
         """SIGKILL `pid` if it is a process of this cluster (a child of one of its raylets),
         never anything else on the machine."""
-        if _parent(pid) not in self.process_ids(PROCESS_TYPE_RAYLET):
+        if parent(pid) not in self.process_ids(PROCESS_TYPE_RAYLET):
             raise ValueError(f"process {pid} is not a worker process of this cluster")
         os.kill(pid, signal.SIGKILL)
-
-
-def _takes(declared: Role, wanted: str) -> bool:
-    """Whether a node that declares `declared` takes the role `wanted`."""
-    return wanted == declared or (declared == "both" and wanted in ("controller", "worker"))
 
 
 def _durable_storage(storage: str) -> str:
@@ -390,63 +322,6 @@ def _durable_storage(storage: str) -> str:
             "cluster; a restart needs storage outside Ray (sqlite:///..., postgresql://...)"
         )
     return storage
-
-
-def _spec(node: object) -> NodeSpec:
-    spec = node if isinstance(node, NodeSpec) else NodeSpec(node)  # type: ignore[arg-type]
-    if spec.role not in _RESOURCES:
-        raise ConfigurationError(
-            f"nodes: unknown role {spec.role!r} (expected one of {', '.join(_RESOURCES)})"
-        )
-    return spec
-
-
-def _checked_layout(nodes: Sequence[object], allow_no_worker: bool = False) -> tuple[NodeSpec, ...]:
-    layout = tuple(_spec(node) for node in nodes)
-    roles = [spec.role for spec in layout]
-    if not any(role in ("controller", "both") for role in roles):
-        raise ConfigurationError(f"nodes: {roles} has no controller node")
-    if not allow_no_worker and not any(role in ("worker", "both") for role in roles):
-        raise ConfigurationError(f"nodes: {roles} has no worker node")
-    return layout
-
-
-def _parent(pid: int) -> int | None:
-    """The parent process id of `pid` (Linux /proc), or None when it is gone or unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name, in parentheses, may hold spaces: the fields after it are fixed.
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _children(*parents: int) -> set[int]:
-    """The processes whose parent is one of `parents` (Linux /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _parent(int(entry.name)) in parents:
-            found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _still_running(pids: set[int], timeout: float) -> set[int]:
-    """The processes of `pids` still running after up to `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    running = {pid for pid in pids if _alive(pid)}
-    while running and time.monotonic() < deadline:
-        time.sleep(_POLL_SECONDS)
-        running = {pid for pid in running if _alive(pid)}
-    return running
 
 
 @contextlib.contextmanager
