@@ -44,6 +44,13 @@ class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
         return [self.create_step(NoopStep, NoopItem(n=n)) for n in range(request.steps)]
 
 
+class NoopFanOutInBackground(NoopFanOut, name="choreography.bench.fan-out-background"):
+    """The fan-out that `start()` returns from once the job and its plan are durable, its steps
+    prepared behind it: how a job of a million steps is started (`benchmarks/scale.py`)."""
+
+    start_steps_in_background = True
+
+
 @dataclass
 class FanOutRun:
     label: str

@@ -142,6 +142,7 @@ class StepLedger:
         self.stage_steps: dict[int, list[str]] = {}
         self.stage_of: dict[str, int] = {}
         self.names: dict[str, str] = {}
+        """The steps that have a name (read with `.get(step_id, "")`)."""
         self.types = StepTypes()
         """Each step's type: the dispatcher sends a step only to a host that runs its type."""
         self.tracked: dict[str, Tracked] = {}
@@ -173,10 +174,12 @@ class StepLedger:
         self.stage_steps = {}
         self.types = types = StepTypes()
         others = types.others
+        stage_of, names = self.stage_of, self.names
         for step_id, stage, name, step_type in steps:
             self.stage_steps.setdefault(stage, []).append(step_id)
-            self.stage_of[step_id] = stage
-            self.names[step_id] = name
+            stage_of[step_id] = stage
+            if name:  # most steps have none; a million empty entries would hold ~100 MB
+                names[step_id] = name
             if step_type != types.default:  # `StepTypes.add`, inline: once per step
                 if types.default:
                     others[step_id] = step_type

@@ -7,12 +7,11 @@ checks that on the JSON text storage writes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..jobs.errors import ChoreographyError
 from ..jobs.job import StepDetails
-from ..jobs.registry import TypeKind, TypeRegistry, trusted
+from ..jobs.registry import TypeKind, TypeRegistry, trusted_sharing
 from ..jobs.state import PlannedStep
 
 
@@ -21,52 +20,81 @@ class InvalidPlan(Exception):
     reason: str
 
 
-def build_plan(details: Iterable[StepDetails], registry: TypeRegistry) -> list[PlannedStep]:
+PLAN_CHUNK = 10_000
+"""Steps checked and turned into plan entries at a time: what `prepare_steps` returned for
+them is let go before the next chunk, so a plan of a million steps never exists twice."""
+
+
+def build_plan(details: list[StepDetails], registry: TypeRegistry) -> list[PlannedStep]:
     """The plan of `details`, checked; raises `InvalidPlan` with a reason a person can act on.
 
     Requests are written and checked in batches per class (`TypeRegistry.dump_requests`):
-    a plan of 100,000 steps is checked in a few calls rather than 100,000 round trips."""
-    checked: list[tuple[StepDetails, str]] = []
+    a plan of 100,000 steps is checked in a few calls rather than 100,000 round trips.
+    `details` is consumed: each chunk's entries are cleared once planned."""
+    plan: list[PlannedStep] = []
     seen: set[str] = set()
     names: dict[type, str] = {}  # a plan of thousands of steps has a handful of step types
-    for index, detail in enumerate(details):
-        if not isinstance(detail, StepDetails):
-            raise InvalidPlan(
-                f"prepare_steps returned {type(detail).__qualname__} at position {index}; "
-                "build steps with create_step"
+    fields = {"step_id", "stage", "step_type", "name", "request"}
+    for start in range(0, len(details), PLAN_CHUNK):
+        checked: list[tuple[StepDetails, str]] = []
+        for index in range(start, min(start + PLAN_CHUNK, len(details))):
+            detail = details[index]
+            if not isinstance(detail, StepDetails):
+                raise InvalidPlan(
+                    f"prepare_steps returned {type(detail).__qualname__} at position {index}; "
+                    "build steps with create_step"
+                )
+            if detail.step_id in seen:
+                raise InvalidPlan(f"step id {detail.step_id!r} is planned twice")
+            seen.add(detail.step_id)
+            step_name = names.get(detail.step_type)
+            if step_name is None:
+                try:
+                    step_name = registry.name_of(detail.step_type)
+                    registry.resolve(step_name, TypeKind.STEP)
+                except ChoreographyError as error:
+                    raise InvalidPlan(f"step {detail.step_id!r}: {error.message}") from error
+                names[detail.step_type] = step_name
+            checked.append((detail, step_name))
+        try:
+            payloads = registry.dump_requests([detail.request for detail, _ in checked])
+        except ChoreographyError:
+            for detail, _ in checked:  # which step: the first whose request fails alone
+                try:
+                    registry.dump_request(detail.request)
+                except ChoreographyError as error:
+                    raise InvalidPlan(f"step {detail.step_id!r}: {error.message}") from error
+            raise
+        plan.extend(
+            trusted_sharing(
+                PlannedStep,
+                fields,
+                {
+                    "step_id": detail.step_id,
+                    "stage": detail.stage,
+                    "step_type": step_name,
+                    "name": detail.name,
+                    "request": payload,
+                },
             )
-        if detail.step_id in seen:
-            raise InvalidPlan(f"step id {detail.step_id!r} is planned twice")
-        seen.add(detail.step_id)
-        step_name = names.get(detail.step_type)
-        if step_name is None:
-            try:
-                step_name = registry.name_of(detail.step_type)
-                registry.resolve(step_name, TypeKind.STEP)
-            except ChoreographyError as error:
-                raise InvalidPlan(f"step {detail.step_id!r}: {error.message}") from error
-            names[detail.step_type] = step_name
-        checked.append((detail, step_name))
-    try:
-        payloads = registry.dump_requests([detail.request for detail, _ in checked])
-    except ChoreographyError:
-        for detail, _ in checked:  # which step: the first whose request fails alone
-            try:
-                registry.dump_request(detail.request)
-            except ChoreographyError as error:
-                raise InvalidPlan(f"step {detail.step_id!r}: {error.message}") from error
-        raise
-    return [
-        trusted(
-            PlannedStep,
-            step_id=detail.step_id,
-            stage=detail.stage,
-            step_type=step_name,
-            name=detail.name,
-            request=payload,
+            for (detail, step_name), payload in zip(checked, payloads, strict=True)
         )
-        for (detail, step_name), payload in zip(checked, payloads, strict=True)
-    ]
+        del checked, payloads
+        details[start : start + PLAN_CHUNK] = [None] * (
+            min(start + PLAN_CHUNK, len(details)) - start
+        )  # type: ignore[list-item]
+    return plan
+
+
+def plan_exceeds(plan: list[PlannedStep], limit: int) -> bool:
+    """Whether the plan's JSON is larger than `limit` bytes, reading only as far as it must:
+    deciding whether a plan of a million steps stays inline costs a few thousand entries."""
+    size = 2
+    for step in plan:
+        size += len(step.model_dump_json()) + 1
+        if size > limit:
+            return True
+    return False
 
 
 def plan_size(plan: list[PlannedStep]) -> int:

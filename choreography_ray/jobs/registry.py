@@ -57,6 +57,21 @@ def trusted(cls: type[_M], **values: Any) -> _M:
     return instance
 
 
+def trusted_sharing(cls: type[_M], fields_set: set[str], values: dict[str, Any]) -> _M:
+    """`trusted`, with one `fields_set` shared by every instance built with it.
+
+    For records built by the hundred thousand and never assigned to, such as a plan's entries
+    and their payloads: a set of six names is about 470 bytes, a third of what a planned step
+    took in memory, and a million-step plan is held whole while it is saved. `fields_set` must
+    name every field of `values` (assignment then only adds a name already there)."""
+    instance = cls.__new__(cls)
+    object.__setattr__(instance, "__dict__", values)
+    object.__setattr__(instance, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance
+
+
 class Payload(BaseModel):
     """A stored pydantic value: the registered name of its class and its JSON data."""
 
@@ -243,8 +258,9 @@ class TypeRegistry:
                 for value in group:
                     self.dump_request(value)  # raises for the request at fault
                 data = [self.dump(value).data for value in group]
+            fields = {"type", "data"}
             for i, item in zip(indexes, data, strict=True):
-                payloads[i] = trusted(Payload, type=name, data=item)
+                payloads[i] = trusted_sharing(Payload, fields, {"type": name, "data": item})
         return payloads
 
     def load(self, payload: Payload, kind: TypeKind | str | None = None) -> Any:

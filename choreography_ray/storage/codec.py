@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ..jobs.errors import (
     MalformedRecordError,
@@ -28,6 +28,8 @@ from ..jobs.errors import (
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
 from ..jobs.state import MAX_ID_LENGTH, JobKey, JobState, JobStepState, PlannedStep
 from .protocols import StepCounts
+
+_PLAN_CHUNK: TypeAdapter[list[PlannedStep]] = TypeAdapter(list[PlannedStep])
 
 log = logging.getLogger("choreography_ray.storage")
 
@@ -202,6 +204,21 @@ class RecordCodec:
             ) from error
         self.check_planned(planned)
         return planned
+
+    def encode_plan_chunk(self, steps: Sequence[PlannedStep]) -> str:
+        """Consecutive entries of a plan as one JSON array (SQL stores plans in chunks)."""
+        return _PLAN_CHUNK.dump_json(list(steps)).decode()
+
+    def decode_plan_chunk(self, raw: str | bytes) -> list[PlannedStep]:
+        try:
+            chunk = _PLAN_CHUNK.validate_json(raw)
+        except ValidationError as error:
+            raise MalformedRecordError(
+                f"stored plan entry is malformed: {_first(error)}"
+            ) from error
+        for planned in chunk:
+            self.check_planned(planned)
+        return chunk
 
     def check_planned(self, planned: PlannedStep) -> None:
         if not self.registry.knows(planned.step_type, TypeKind.STEP):

@@ -56,6 +56,7 @@ from .provider import ThreadedProvider
 from .sql_base import ANALYZE_AFTER
 from .sql_engines import is_transient_error, postgres_engine, sqlite_engines
 from .sql_jobs import SqlJobStorage, excluding_finalized_stops
+from .sql_plans import SqlStepPlanStorage
 from .sql_schema import MIGRATIONS, VERSION_TABLE, Statements, jobs_table
 from .sql_steps import SqlJobStepStorage
 from .url import StorageURL
@@ -84,7 +85,7 @@ class SqlStorage(ThreadedProvider):
     """Jobs and steps in SQLite or PostgreSQL, through SQLAlchemy Core."""
 
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=False, atomic_batches=True, shared_across_processes=True
+        external_step_plans=True, atomic_batches=True, shared_across_processes=True
     )
 
     def __init__(
@@ -354,5 +355,5 @@ class SqlStorage(ThreadedProvider):
             key=key,
             jobs=SqlJobStorage(self, key),
             steps=SqlJobStepStorage(self, key),
-            plans=None,
+            plans=SqlStepPlanStorage(self, key),
         )

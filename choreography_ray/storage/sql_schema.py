@@ -89,6 +89,22 @@ steps_table = Table(
     *_indexes("choreography_job_steps"),
 )
 
+plans_table = Table(
+    "choreography_step_plans",
+    metadata,
+    Column("scope", _key(), nullable=False),
+    Column("namespace", _key(), nullable=False),
+    Column("job_id", _key(), nullable=False),
+    Column("incarnation", BigInteger(), nullable=False),
+    Column("chunk", Integer(), nullable=False),
+    Column("steps", Integer(), nullable=False),
+    Column("entries", Text(), nullable=False),
+    PrimaryKeyConstraint(
+        "scope", "namespace", "job_id", "incarnation", "chunk", name="pk_choreography_step_plans"
+    ),
+)
+"""Plans stored apart from their job: one row per `PLAN_CHUNK` consecutive entries."""
+
 
 class Statements:
     """The hot-path statements, in the driver's own parameter style."""

@@ -888,6 +888,16 @@ def test_a_plan_of_ten_thousand_steps_round_trips(run, plans):
     assert run(plans.load_plan("job", 3)) == plan
 
 
+def test_a_large_plan_is_listed_once_and_deleted_whole(run, plans):
+    """However a provider splits a plan into records (SQL: rows of a thousand entries)."""
+    run(plans.save_plan("job", 3, _plan(2_500)))
+    run(plans.save_plan("job", 4, _plan(1_001, "b")))
+    assert run(plans.stored_plans(take=10)) == [("job", 3), ("job", 4)]
+    assert run(plans.delete_plan("job", 3)) == 2_500
+    assert run(plans.stored_plans(take=10)) == [("job", 4)]
+    assert [p.step_id for p in run(plans.load_plan("job", 4))][-2:] == ["b00999", "b01000"]
+
+
 def test_plans_are_isolated_between_partitions(run, provider, plans, key):
     other = provider.for_key(key.model_copy(update={"namespace": "tenant-b"}))
     run(plans.save_plan("job", 1, _plan(2)))

@@ -163,14 +163,14 @@ def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
         assert process.returncode == 0, stderr
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         assert connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
-            ("0001",)
+            ("0002",)
         ]
 
 
 def test_the_schema_version_is_recorded(sqlite_provider):
     with sqlite_connection(sqlite_provider) as connection:
         rows = connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall()
-    assert rows == [("0001",)]
+    assert rows == [("0002",)]
 
 
 def test_the_indexes_exist(sqlite_provider):
@@ -501,12 +501,49 @@ def test_postgres_urls_use_psycopg_3_and_keep_the_schema_to_themselves():
     assert provider.schema == "tenant_a"
 
 
-def test_sql_storage_keeps_plans_inline(sqlite_provider):
-    assert sqlite_provider.for_key(KEY).plans is None
+def test_sql_storage_stores_large_plans_apart(sqlite_provider):
+    assert sqlite_provider.for_key(KEY).plans is not None
     capabilities = sqlite_provider.capabilities
-    assert not capabilities.external_step_plans
+    assert capabilities.external_step_plans
     assert capabilities.atomic_batches
     assert capabilities.shared_across_processes
+
+
+def test_a_database_of_the_first_schema_gains_the_plan_table_and_keeps_its_jobs(run, tmp_path):
+    """A database created by the release before plans were stored apart is upgraded in place."""
+    from alembic import command
+    from alembic.config import Config
+
+    from choreography_ray.storage.sql_schema import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    provider = open_storage(f"sqlite:///{path}")
+    assert isinstance(provider, SqlStorage)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("path_separator", "os")
+    config.attributes["version_table"] = VERSION_TABLE
+    with provider.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+        connection.exec_driver_sql(
+            "INSERT INTO choreography_jobs VALUES ('s', 'n', 'old', 't', 0, 0, 0, 1, '{}')"
+        )
+    run(provider.close())
+    with sqlite3.connect(path) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        assert "choreography_step_plans" not in tables
+    provider = open_storage(f"sqlite:///{path}")
+    run(provider.initialize())
+    run(provider.close())
+    with sqlite3.connect(path) as connection:
+        assert connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
+            ("0002",)
+        ]
+        assert connection.execute("SELECT id FROM choreography_jobs").fetchall() == [("old",)]
+        assert connection.execute("SELECT count(*) FROM choreography_step_plans").fetchall() == [
+            (0,)
+        ]
 
 
 def test_a_closed_provider_refuses_calls(run, tmp_path):
@@ -561,8 +598,9 @@ def test_postgres_providers_create_one_schema_at_once(run, fresh_schema, registr
         VERSION_TABLE,
         "choreography_job_steps",
         "choreography_jobs",
+        "choreography_step_plans",
     ]
-    assert version == [("0001",)]
+    assert version == [("0002",)]
 
 
 @pytest.mark.postgres
