@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel
@@ -272,6 +273,11 @@ class Starting:
             if len(batch) >= PREPARE_BATCH:
                 await self._store_prepared(batch)
                 batch = []
+                # A SQLite batch is written inline and awaiting it does not suspend: without
+                # this, preparing 100,000 steps held the loop for seconds, and the answer of
+                # the `start()` that had returned waited behind it (5.3 s against 1.2 s on
+                # PostgreSQL, whose writes suspend).
+                await asyncio.sleep(0)
         if batch:
             await self._store_prepared(batch)
         return None

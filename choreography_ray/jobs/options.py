@@ -91,8 +91,10 @@ class JobsOptions(BaseModel):
     max_terminal_jobs_per_cleanup: int = 100
     max_concurrent_step_starts: int = 16
     step_stop_timeout: timedelta = timedelta(seconds=10)
-    max_active_steps_per_job: int | None = None
-    """A sliding window of active steps per job; None means no window."""
+    max_active_steps_per_job: int | None = 20_000
+    """A sliding window of active steps per job; None means no window. The default bounds what
+    a job of a million steps tracks and queues on its worker hosts at once (docs/decisions.md),
+    far above what a node performs at once."""
     max_step_attempts: int = 1
     step_retry_backoff: timedelta = timedelta(seconds=1)
     max_step_retry_backoff: timedelta = timedelta(seconds=60)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from choreography_ray.engine import planning
 from choreography_ray.jobs import (
     CannotResumeJobError,
     JobsOptions,
@@ -308,6 +311,75 @@ def test_start_in_background_failures_are_handled_by_the_job(run, cluster, scrip
     assert result.error is None  # start could not know
     assert final.status == JobStatus.FAILED
     assert "on_failed_to_prepare" in script.hooks
+
+
+def test_preparing_in_the_background_lets_the_loop_run_between_batches(run, script):
+    """A batch written inline (SQLite, memory) never suspends: preparation must yield by itself,
+    or the answer of the start that already returned waits until every step is prepared."""
+    ticks = 0
+    seen: list[int] = []
+
+    def wrap(storage: JobsStorage) -> JobsStorage:
+        class Steps:
+            def __getattr__(self, name):
+                return getattr(storage.steps, name)
+
+            async def save_many(self, states):
+                seen.append(ticks)
+                return await storage.steps.save_many(states)
+
+        return JobsStorage(key=storage.key, jobs=storage.jobs, steps=Steps(), plans=storage.plans)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def scenario():
+        cluster = await _cluster(wrap_storage=wrap, options=JobsOptions(max_parallel_steps=8))
+        task = asyncio.create_task(ticker())
+        try:
+            result = await cluster.start(BackgroundJob, request(*(f"k{n}" for n in range(2_500))))
+            await cluster.wait(result.job_id)
+        finally:
+            task.cancel()
+            await cluster.close()
+
+    run(scenario())
+    prepared = seen[:3]  # batches of 1,000, 1,000 and 500
+    assert len(set(prepared)) == 3
+
+
+def test_a_step_planned_twice_in_different_chunks_is_an_invalid_plan(
+    run, cluster, script, monkeypatch
+):
+    monkeypatch.setattr(planning, "PLAN_CHUNK", 2)
+    script.plan_override = lambda job, r: [
+        job.create_step(KeyStep, KeyRequest(key=key), step_id=key) for key in "abcda"
+    ]
+
+    async def scenario():
+        return await cluster.start(ScenarioJob, request())
+
+    result = run(scenario())
+    assert result.error == StartJobError.INVALID_STEP_PLAN
+    assert "'a' is planned twice" in result.reason
+
+
+def test_a_plan_built_in_chunks_keeps_the_order_of_prepare_steps(run, cluster, script, monkeypatch):
+    monkeypatch.setattr(planning, "PLAN_CHUNK", 2)
+    keys = [f"k{n}" for n in range(7)]
+
+    async def scenario():
+        result = await cluster.start(ScenarioJob, request(*keys))
+        await cluster.wait(result.job_id)
+        steps = await cluster.storage().steps.get_for_job(result.job_id)
+        return result, steps
+
+    result, steps = run(scenario())
+    assert result.error is None
+    assert sorted(step.name for step in steps) == sorted(keys)
 
 
 # -- initialize before dispatch -----------------------------------------------------------------
