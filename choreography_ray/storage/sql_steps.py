@@ -264,7 +264,20 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     async def count_by_status(self, job_id: str) -> StepCounts:
         """Reads every record: only reading tells a readable one from one that is not."""
         check_id(job_id, "job id")
-        return await self._run(lambda: self._codec.count_steps(self._records(job_id, None)))
+        return await self._run(self._count_by_status, job_id)
+
+    def _count_by_status(self, job_id: str) -> StepCounts:
+        """Rows are counted as the cursor hands them over, never all held at once (SQLite's
+        cursor reads as it goes; PostgreSQL's needs a server-side cursor, in a transaction)."""
+        c = steps_table.c
+        statement = select(c.step_id, c.version, c.state).where(self._where(job_id, None))
+        count = self._codec.count_steps
+        if self.provider.is_sqlite:
+            with self.provider.autocommit() as connection:
+                return count((i, v, record) for i, v, record in connection.execute(statement))
+        with self.provider.transaction() as connection:
+            rows = connection.execution_options(yield_per=2000).execute(statement)
+            return count((i, v, record) for i, v, record in rows)
 
     async def remove(self, job_id: str, step_id: str) -> bool:
         check_id(job_id, "job id")
