@@ -76,6 +76,27 @@ class _AdvertCache:
         return self._adverts
 
 
+class _ControllerNames:
+    """The controller hosts' names, listed again after a while or once a call found its host
+    gone: listing them is a call to Ray's control store, a millisecond or more per start."""
+
+    def __init__(self, namespace: str, seconds: float = ROUTES_REFRESH_SECONDS) -> None:
+        self.namespace = namespace
+        self.seconds = seconds
+        self._names: list[str] = []
+        self._read_at = -float("inf")
+
+    def get(self) -> list[str]:
+        now = time.monotonic()
+        if not self._names or now - self._read_at >= self.seconds:
+            self._names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
+            self._read_at = now
+        return self._names
+
+    def forget(self) -> None:
+        self._names = []
+
+
 class _LoadCache:
     """Each controller host's live activations and its node's free resources, asked at most
     once a second: a client that starts many jobs does not ask per job."""
@@ -135,6 +156,10 @@ class Jobs:
         self._placement: Placement | None = None
         self._load = _LoadCache(namespace)
         self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
+        self._remembered: set[tuple[str, JobKey]] = set()
+        """(module, partition) pairs the cluster's configuration is known to hold: the
+        configuration only grows, so a start of a known pair does not read it again."""
+        self._controllers = _ControllerNames(namespace)
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -167,7 +192,7 @@ class Jobs:
         if self._placement is None:
             options = require_config(self.namespace).jobs_options()
             self._placement = Placement(options.job_director, options.step_director)
-        names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
+        names = self._controllers.get()
         local = controller_name(ray.get_runtime_context().get_node_id())
         preferred = self._handle_name if self._handle is not None else local
         adverts = self._adverts.get(names)
@@ -197,14 +222,17 @@ class Jobs:
                 if not is_host_gone(error):
                     raise project_error(error, what) from None
                 self._handle = None
+                self._controllers.forget()
                 if attempt == 2:
                     raise project_error(error, what) from None
         raise AssertionError("unreachable")
 
     def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
         """Make every host know the job's module and recover the job's partition."""
-        config = require_config(self.namespace)
         module = job_type.__module__
+        if (module, key) in self._remembered:
+            return
+        config = require_config(self.namespace)
         modules = [] if module == "__main__" else [module]
         updated = merge(config, modules=modules, keys=[key])
         if updated is not config:
@@ -217,6 +245,7 @@ class Jobs:
                 ray.get([h.refresh.remote() for h in hosts])
             except ray.exceptions.RayError as error:
                 raise project_error(error, "refreshing the hosts") from None
+        self._remembered.add((module, key))
 
     # -- operations -----------------------------------------------------------------------------
 

@@ -29,3 +29,42 @@ def test_a_job_request_with_nan_is_refused_before_anything_is_written(monkeypatc
     with pytest.raises(InvalidRequestError, match=r"GaugeRequest request holds .* at reading"):
         Jobs("client-tests").start(GaugeJob, GaugeRequest(reading=reading))
     assert touched == []  # neither the cluster's configuration nor the job was written
+
+
+def test_a_client_reads_the_configuration_once_per_module_and_partition(monkeypatch):
+    """The configuration only grows: a client that starts many jobs of one type in one
+    partition reads it once, not once per start (a call to Ray's control store each)."""
+    from choreography_ray.jobs.state import JobKey
+    from choreography_ray.runtime import client
+    from choreography_ray.runtime.config import ClusterConfig
+
+    reads: list[str] = []
+    keys = [JobKey(), JobKey(namespace="other")]
+    config = ClusterConfig(storage="memory://x", modules=[GaugeJob.__module__], keys=keys)
+
+    def read(namespace: str) -> ClusterConfig:
+        reads.append(namespace)
+        return config
+
+    monkeypatch.setattr(client, "require_config", read)
+    jobs = Jobs("client-tests")
+    for _ in range(3):
+        jobs._remember(GaugeJob, JobKey())
+    assert reads == ["client-tests"]
+    jobs._remember(GaugeJob, JobKey(namespace="other"))  # another partition: read again
+    assert len(reads) == 2
+
+
+def test_a_client_lists_controller_hosts_again_only_after_a_while(monkeypatch):
+    from choreography_ray.runtime import client
+
+    listed: list[str] = []
+    monkeypatch.setattr(
+        client, "actor_names", lambda namespace, prefixes: listed.append(namespace) or ["c"]
+    )
+    names = client._ControllerNames("client-tests", seconds=3600)
+    assert names.get() == ["c"] and names.get() == ["c"]
+    assert listed == ["client-tests"]
+    names.forget()  # a call found its host gone
+    names.get()
+    assert len(listed) == 2
