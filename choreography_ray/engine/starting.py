@@ -216,8 +216,11 @@ class Starting:
             return result
         try:
             if self.record.state.status != JobStatus.STARTING_STEPS:
+                # In the history, not written by itself: the Running write carries it. Stored
+                # PreparingSteps and StartingSteps recover alike (the plan is reused, missing
+                # steps prepared, initialization ensured; the start hook is never replayed), so
+                # a write of its own bought nothing but a commit per start (decisions.md).
                 self.record.change(JobStatus.STARTING_STEPS)
-                await self.record.save()
             if clean_start:
                 await self.core.hook("on_before_starting_job_steps")
         except Released:

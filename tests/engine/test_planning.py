@@ -100,6 +100,31 @@ def test_the_complete_plan_is_saved_before_any_step_is_prepared(run, script):
     assert [s.id for s in prepared] == [p.step_id for p in plan]  # the planned identities
 
 
+def test_a_one_step_start_commits_the_job_three_times_and_its_step_once(run, script):
+    """PreparingJob, the plan with PreparingSteps, the step, Running before dispatch, then the
+    progress of the dispatch: StartingSteps rides in the history of the Running write."""
+    recorder = Recorder()
+
+    async def scenario():
+        cluster = await _cluster(wrap_storage=recorder.wrap)
+        try:
+            await cluster.start(ScenarioJob, request("a"))
+            return list(recorder.events)
+        finally:
+            await cluster.close()
+
+    events = run(scenario())
+    assert [(kind, getattr(state, "status", None)) for kind, state in events] == [
+        ("job", JobStatus.PREPARING_JOB),
+        ("job", JobStatus.PREPARING_STEPS),
+        ("steps", None),
+        ("job", JobStatus.RUNNING),
+        ("job", JobStatus.RUNNING),
+    ]
+    running = events[3][1]
+    assert JobStatus.STARTING_STEPS in [c.status for c in running.status_changes]
+
+
 def test_the_write_that_makes_the_job_running_drops_the_inline_plan(run, script):
     recorder = Recorder()
 
@@ -114,7 +139,7 @@ def test_the_write_that_makes_the_job_running_drops_the_inline_plan(run, script)
     run(scenario())
     jobs = [state for kind, state in recorder.events if kind == "job"]
     running = [s for s in jobs if s.status == JobStatus.RUNNING]
-    before = [s for s in jobs if s.status == JobStatus.STARTING_STEPS]
+    before = [s for s in jobs if s.status == JobStatus.PREPARING_STEPS]
     assert before[-1].plan is not None
     assert all(s.plan is None for s in running)
     # ...and before the first step is dispatched: every step write comes after it.
@@ -398,14 +423,15 @@ def test_a_failing_dispatch_hook_starts_no_steps(run, cluster, script):
     assert state.status == JobStatus.FAILED
 
 
-@pytest.mark.parametrize("interrupted", [JobStatus.PREPARING_STEPS, JobStatus.STARTING_STEPS])
+@pytest.mark.parametrize("fail_from", [3, 4], ids=["steps-not-stored", "steps-stored"])
 def test_recovery_of_a_starting_job_prepares_only_what_is_missing_and_says_so(
-    run, script, interrupted
+    run, script, fail_from
 ):
     async def scenario():
         # Interrupt preparation: the step batch fails once and storage "goes away".
-        # Writes: 1 PreparingJob, 2 plan, 3 prepared steps, 4 StartingSteps, 5 Running.
-        faults = WriteFaults(fail_from=3 if interrupted == JobStatus.PREPARING_STEPS else 5)
+        # Writes: 1 PreparingJob, 2 plan, 3 prepared steps, 4 Running (StartingSteps is in
+        # the history the Running write carries, not written by itself).
+        faults = WriteFaults(fail_from=fail_from)
         cluster = await _cluster(wrap_storage=faults.wrap)
         try:
             result = await cluster.start(ScenarioJob, request("a", "b"))
@@ -423,7 +449,7 @@ def test_recovery_of_a_starting_job_prepares_only_what_is_missing_and_says_so(
             await cluster.close()
 
     stored, plan_ids, final, steps = run(scenario())
-    assert stored.status == interrupted
+    assert stored.status == JobStatus.PREPARING_STEPS
     assert final.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert sorted(s.id for s in steps) == sorted(plan_ids)  # original identities
     assert "on_before_starting_job_steps" not in script.hooks  # never replayed
@@ -437,7 +463,7 @@ def test_recovery_of_a_starting_job_that_no_worker_takes_keeps_it_running_and_se
     """Finishing a preparation is a resume, not a start: the placement spec's resume moment."""
 
     async def scenario():
-        faults = WriteFaults(fail_from=5)  # interrupted in StartingSteps (see above)
+        faults = WriteFaults(fail_from=4)  # interrupted with its steps stored (see above)
         cluster = await _cluster(wrap_storage=faults.wrap)
         try:
             result = await cluster.start(ScenarioJob, request("a", "b"))
