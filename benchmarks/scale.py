@@ -6,12 +6,14 @@
 
 Everything runs on one local Ray that the script starts and shuts down. Sections:
 
-- start(): a `NoopFanOutInBackground` job of each `--steps` size, on SQLite and (with
-  `--postgres`) on PostgreSQL, in a database of its own that is dropped afterwards; the time
-  until `start()` returns, i.e. until the job and its plan are durable.
-- run: the SQLite job of `--run-steps` steps is left to complete; the resident memory of the
+- start(): a `NoopFanOutInBackground` job of each `--steps` size, on SQLite (each job then
+  runs to completion before the next starts) and, with `--postgres`, on PostgreSQL (in a
+  database of its own per size, dropped afterwards; the steps are not run); the time until
+  `start()` returns, i.e. until the job and its plan are durable.
+- run: while the SQLite job of `--run-steps` steps runs, the resident memory of the
   controller and worker host processes is sampled from /proc every second, and the client's
-  get/list and the `choreography jobs show`/`jobs list` commands are timed while it runs.
+  get/list and (`--cli`) the `choreography jobs show`/`jobs list` commands are timed every
+  `--probe-every` seconds.
 - jobs: `--jobs` concurrent jobs of 100 steps; time until all complete, controller memory.
 - latency: `--latency` one-step jobs after 10 warm-up jobs; `start()` p50/p99.
 """
@@ -135,47 +137,71 @@ class Probes:
 
 
 def start_large(
-    url: str, storage: str, sizes: list[int], run_steps: int | None, args: argparse.Namespace
+    url: str, sizes: list[int], run_steps: int | None, args: argparse.Namespace
 ) -> tuple[list[tuple[str, int, float]], dict[str, Any] | None]:
-    """`start()` of a background-started job of each size; the `run_steps` one completes."""
+    """SQLite: `start()` of a background-started job of each size, each left to complete in
+    turn; the one of `run_steps` steps is sampled and probed while it runs."""
     rows: list[tuple[str, int, float]] = []
     run: dict[str, Any] | None = None
-    namespace = NAMESPACE if storage == "sqlite" else f"scale-{storage}"
+    namespace = NAMESPACE  # the CLI's
     jobs = _connect(url, namespace, args.max_parallel_steps)
     try:
         jobs.wait(jobs.start(NoopFanOut, BenchRequest(steps=1)), interval=0.01)  # warm-up
         pids = host_pids(namespace)
         for steps in sizes:
-            completes = storage == "sqlite" and steps == run_steps
             with MemorySampler(pids) as sampler:
                 began = time.perf_counter()
                 job_id = jobs.start(NoopFanOutInBackground, BenchRequest(steps=steps))
                 started = time.perf_counter() - began
-                rows.append((storage, steps, started))
-                print(f"start() {storage} {steps:,} steps: {started:.2f} s", flush=True)
-                if not completes:
-                    continue
+                rows.append(("sqlite", steps, started))
+                print(f"start() sqlite {steps:,} steps: {started:.2f} s", flush=True)
                 probes = Probes(jobs, job_id, ray.get_runtime_context().gcs_address, args.cli)
                 while True:
                     try:
                         state = jobs.wait(job_id, timeout=args.probe_every)
                         break
                     except TimeoutError:
-                        probes.once()
+                        if steps == run_steps:
+                            probes.once()
                 seconds = time.perf_counter() - began
             if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
                 raise RuntimeError(f"the {steps}-step job ended {state.status if state else '-'}")
-            run = {
-                "steps": steps,
-                "seconds": seconds,
-                "samples": sampler.samples,
-                "peaks": {role: sampler.peak(role) for role in pids},
-                "probes": probes.times,
-            }
-            print(f"run {steps:,} steps: {seconds:.1f} s, peaks {run['peaks']}", flush=True)
+            print(f"run {steps:,} steps: {seconds:.1f} s", flush=True)
+            if steps == run_steps:
+                run = {
+                    "steps": steps,
+                    "seconds": seconds,
+                    "samples": sampler.samples,
+                    "peaks": {role: sampler.peak(role) for role in pids},
+                    "probes": probes.times,
+                }
+                print(f"peaks {run['peaks']}", flush=True)
     finally:
         stop_hosts(namespace)
     return rows, run
+
+
+def start_postgres(admin_url: str, sizes: list[int], args: argparse.Namespace) -> list[Any]:
+    """PostgreSQL: `start()` of each size, each in a database of its own (dropped after), its
+    hosts stopped once `start()` returned (the steps are not run)."""
+    rows = []
+    for steps in sizes:
+        url, drop = _postgres_database(admin_url)
+        namespace = f"scale-postgres-{steps}"
+        try:
+            jobs = _connect(url, namespace, args.max_parallel_steps)
+            try:
+                jobs.wait(jobs.start(NoopFanOut, BenchRequest(steps=1)), interval=0.01)
+                began = time.perf_counter()
+                jobs.start(NoopFanOutInBackground, BenchRequest(steps=steps))
+                started = time.perf_counter() - began
+                rows.append(("postgres", steps, started))
+                print(f"start() postgres {steps:,} steps: {started:.2f} s", flush=True)
+            finally:
+                stop_hosts(namespace)
+        finally:
+            drop()
+    return rows
 
 
 def concurrent_jobs(url: str, count: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -273,6 +299,7 @@ def main() -> None:
     parser.add_argument("--max-parallel-steps", type=int, default=None)
     parser.add_argument("--cli", action="store_true", help="time the CLI's show/list too")
     parser.add_argument("--probe-every", type=float, default=10.0)
+    parser.add_argument("--postgres-only", action="store_true", help="skip the SQLite sizes")
     parser.add_argument("--plot", default=None, help="where the memory curve goes")
     args = parser.parse_args()
     sizes = [int(s) for s in args.steps.split(",") if s]
@@ -281,25 +308,20 @@ def main() -> None:
     )
     started_rows: list[tuple[str, int, float]] = []
     run = concurrent = latency = None
-    drop_postgres = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             sqlite = f"sqlite:///{Path(tmp) / 'jobs.db'}"
-            if sizes:
-                rows, run = start_large(sqlite, "sqlite", sizes, args.run_steps, args)
+            if sizes and not args.postgres_only:
+                rows, run = start_large(sqlite, sizes, args.run_steps, args)
                 started_rows += rows
             if sizes and args.postgres:
-                url, drop_postgres = _postgres_database(args.postgres)
-                rows, _ = start_large(url, "postgres", sizes, None, args)
-                started_rows += rows
+                started_rows += start_postgres(args.postgres, sizes, args)
             if args.jobs:
                 concurrent = concurrent_jobs(f"sqlite:///{Path(tmp) / 'many.db'}", args.jobs, args)
             if args.latency:
                 latency = start_latency(f"sqlite:///{Path(tmp) / 'latency.db'}", args.latency, args)
     finally:
         ray.shutdown()
-        if drop_postgres is not None:
-            drop_postgres()
     load = os.getloadavg()
     print(f"\nLocal Ray, {os.cpu_count()} cores; load average at the end {load[0]:.1f}\n")
     if started_rows:
