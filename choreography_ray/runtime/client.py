@@ -26,10 +26,8 @@ from pydantic import BaseModel
 
 from ..engine.job import JobStartResult
 from ..jobs.errors import (
-    ConfigurationError,
     DrainOutcome,
     JobNotFoundError,
-    NoEligibleJobWorker,
     ResumeJobSuccess,
     StartJobError,
     StartJobFailed,
@@ -37,14 +35,14 @@ from ..jobs.errors import (
 from ..jobs.job import Job
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
-from ..placement.capability import HostAdvert, import_failures
-from ..placement.choice import HostLoad, Placement
+from ..placement.capability import import_failures
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
 from .arguments import check_job_id, check_query, job_key
 from .config import merge, require_config, write_config
-from .constants import CONTROLLER_PREFIX, NAMESPACE, ROUTES_REFRESH_SECONDS, controller_name
+from .constants import NAMESPACE
+from .controller_routing import ControllerRouting
 from .directory import actor_names
 from .remote import is_host_gone, project_error
 
@@ -57,92 +55,6 @@ _STARTED_MEMORY = 10_000
 """How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
 
 
-class _AdvertCache:
-    """The controller hosts' advertisements, read again when hosts change or after a while:
-    a client that starts many jobs does not read them per job."""
-
-    def __init__(self, namespace: str, seconds: float = ROUTES_REFRESH_SECONDS) -> None:
-        self.namespace = namespace
-        self.seconds = seconds
-        self._hosts: list[str] = []
-        self._read_at = -float("inf")
-        self._adverts: dict[str, HostAdvert] = {}
-
-    def get(self, hosts: list[str]) -> dict[str, HostAdvert]:
-        now = time.monotonic()
-        if hosts != self._hosts or now - self._read_at >= self.seconds:
-            self._adverts = read_adverts(self.namespace, hosts)
-            self._hosts, self._read_at = hosts, now
-        return self._adverts
-
-
-class _ControllerNames:
-    """The controller hosts' names, listed again after a while or once a call found its host
-    gone: listing them is a call to Ray's control store, a millisecond or more per start."""
-
-    def __init__(self, namespace: str, seconds: float = ROUTES_REFRESH_SECONDS) -> None:
-        self.namespace = namespace
-        self.seconds = seconds
-        self._names: list[str] = []
-        self._read_at = -float("inf")
-
-    def get(self) -> list[str]:
-        now = time.monotonic()
-        if not self._names or now - self._read_at >= self.seconds:
-            self._names = actor_names(self.namespace, (CONTROLLER_PREFIX,))
-            self._read_at = now
-        return self._names
-
-    def forget(self) -> None:
-        self._names = []
-
-
-class _LoadCache:
-    """Each controller host's live activations and its node's free resources, asked at most
-    once a second: a client that starts many jobs does not ask per job."""
-
-    def __init__(self, namespace: str, seconds: float = 1.0, timeout: float = 2.0) -> None:
-        self.namespace = namespace
-        self.seconds = seconds
-        self.timeout = timeout
-        self._read_at = -float("inf")
-        self._load: dict[str, HostLoad] = {}
-
-    def get(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
-        now = time.monotonic()
-        if len(hosts) > 1 and (now - self._read_at >= self.seconds or set(hosts) - set(self._load)):
-            self._load = self._read(hosts, adverts)
-            self._read_at = now
-        return self._load
-
-    def _read(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
-        """A host that does not answer in time counts as idle: placement is a preference."""
-        from ray._private.state import available_resources_per_node
-
-        free = available_resources_per_node()
-        calls = {}
-        for name in hosts:
-            try:
-                calls[name] = ray.get_actor(name, namespace=self.namespace).activations.remote()
-            except ValueError:
-                continue
-        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=self.timeout)
-        counts = {}
-        for name, ref in calls.items():
-            if ref in ready:
-                try:
-                    counts[name] = int(ray.get(ref))
-                except Exception:
-                    continue
-        return {
-            name: HostLoad(
-                free.get(adverts[name].node_id, {}) if name in adverts else {},
-                counts.get(name, 0),
-            )
-            for name in hosts
-        }
-
-
 class Jobs:
     """Start, watch, stop, resume and remove jobs. Every call is synchronous; `aio` has the
     same as coroutines."""
@@ -150,79 +62,27 @@ class Jobs:
     def __init__(self, namespace: str = NAMESPACE) -> None:
         self.namespace = namespace
         self.aio = AsyncJobs(self)
-        self._handle: Any = None
-        self._handle_name: str | None = None
-        self._adverts = _AdvertCache(namespace)
-        self._placement: Placement | None = None
-        self._load = _LoadCache(namespace)
+        self._routing = ControllerRouting(namespace)
         self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
         self._remembered: set[tuple[str, JobKey]] = set()
         """(module, partition) pairs the cluster's configuration is known to hold: the
         configuration only grows, so a start of a known pair does not read it again."""
-        self._controllers = _ControllerNames(namespace)
 
     # -- routing --------------------------------------------------------------------------------
-
-    def _controller(self) -> Any:
-        """The controller host this client calls: the one on this node, else any."""
-        if self._handle is not None:
-            return self._handle
-        local = controller_name(ray.get_runtime_context().get_node_id())
-        try:
-            self._handle = ray.get_actor(local, namespace=self.namespace)
-            self._handle_name = local
-            return self._handle
-        except ValueError:
-            pass
-        for name in actor_names(self.namespace, (CONTROLLER_PREFIX,)):
-            try:
-                self._handle = ray.get_actor(name, namespace=self.namespace)
-                self._handle_name = name
-                return self._handle
-            except ValueError:
-                continue
-        raise ConfigurationError(
-            "no controller host runs in this cluster; run `choreography up` or connect()"
-        )
-
-    def _controller_for(self, job_type: str) -> Any:
-        """The controller host of a new job of `job_type`: among those that run the type, the
-        job director's choice, else this node's, else the first. `NoEligibleJobWorker` naming
-        why when none can."""
-        if self._placement is None:
-            options = require_config(self.namespace).jobs_options()
-            self._placement = Placement(options.job_director, options.step_director)
-        names = self._controllers.get()
-        local = controller_name(ray.get_runtime_context().get_node_id())
-        preferred = self._handle_name if self._handle is not None else local
-        adverts = self._adverts.get(names)
-        chosen = self._placement.controller(
-            job_type, names, adverts, preferred or local, self._load.get(names, adverts)
-        )
-        if self._handle is not None and self._handle_name == chosen:
-            return self._handle
-        try:
-            handle = ray.get_actor(chosen, namespace=self.namespace)
-        except ValueError:
-            raise NoEligibleJobWorker(
-                f"controller host {chosen} for job type {job_type!r} is gone"
-            ) from None
-        self._handle, self._handle_name = handle, chosen
-        return handle
 
     def _call(self, what: str, method: str, *args: Any, job_type: str | None = None) -> Any:
         """`method` of the controller host (one that runs `job_type`, when given); once more
         on the host that runs now when the one this client knew died or was replaced (every
         call is keyed by a job id or reads, so asking again is safe)."""
         for attempt in (1, 2):
-            handle = self._controller() if job_type is None else self._controller_for(job_type)
+            routing = self._routing
+            handle = routing.controller() if job_type is None else routing.controller_for(job_type)
             try:
                 return ray.get(getattr(handle, method).remote(*args))
             except ray.exceptions.RayError as error:
                 if not is_host_gone(error):
                     raise project_error(error, what) from None
-                self._handle = None
-                self._controllers.forget()
+                self._routing.forget()
                 if attempt == 2:
                     raise project_error(error, what) from None
         raise AssertionError("unreachable")

@@ -25,7 +25,11 @@ class GaugeJob(Job[GaugeRequest], name="client-tests.gauge-job"):
 def test_a_job_request_with_nan_is_refused_before_anything_is_written(monkeypatch, reading):
     touched: list[str] = []
     monkeypatch.setattr(Jobs, "_remember", lambda self, *args: touched.append("config"))
-    monkeypatch.setattr(Jobs, "_controller", lambda self: touched.append("controller"))
+    from choreography_ray.runtime.controller_routing import ControllerRouting
+
+    monkeypatch.setattr(
+        ControllerRouting, "controller_for", lambda self, job_type: touched.append("controller")
+    )
     with pytest.raises(InvalidRequestError, match=r"GaugeRequest request holds .* at reading"):
         Jobs("client-tests").start(GaugeJob, GaugeRequest(reading=reading))
     assert touched == []  # neither the cluster's configuration nor the job was written
@@ -56,13 +60,15 @@ def test_a_client_reads_the_configuration_once_per_module_and_partition(monkeypa
 
 
 def test_a_client_lists_controller_hosts_again_only_after_a_while(monkeypatch):
-    from choreography_ray.runtime import client
+    from choreography_ray.runtime import controller_routing
 
     listed: list[str] = []
     monkeypatch.setattr(
-        client, "actor_names", lambda namespace, prefixes: listed.append(namespace) or ["c"]
+        controller_routing,
+        "actor_names",
+        lambda namespace, prefixes: listed.append(namespace) or ["c"],
     )
-    names = client._ControllerNames("client-tests", seconds=3600)
+    names = controller_routing.ControllerNames("client-tests", seconds=3600)
     assert names.get() == ["c"] and names.get() == ["c"]
     assert listed == ["client-tests"]
     names.forget()  # a call found its host gone
