@@ -588,6 +588,16 @@ def answered_reports(cluster, monkeypatch) -> list[tuple[float, Any]]:
     return answers
 
 
+async def removing_one_step(cluster: InProcessCluster, monkeypatch: Any) -> tuple[Any, Any, Any]:
+    """A one-step job whose step blocks, removed; the job's answers to reports recorded."""
+    answers = answered_reports(cluster, monkeypatch)
+    result = await cluster.start(ScenarioJob, request("a"))
+    await cluster.settle()
+    activation = cluster.manager().activation(result.job_id)
+    await cluster.manager().remove(result.job_id)
+    return answers, result, activation
+
+
 def test_a_failed_removal_finish_answers_the_report_with_an_error_and_its_next_report_finishes_it(
     run, script, monkeypatch
 ):
@@ -603,11 +613,7 @@ def test_a_failed_removal_finish_answers_the_report_with_an_error_and_its_next_r
 
     async def scenario():
         async with cluster:
-            answers = answered_reports(cluster, monkeypatch)
-            result = await cluster.start(ScenarioJob, request("a"))
-            await cluster.settle()
-            activation = cluster.manager().activation(result.job_id)
-            await cluster.manager().remove(result.job_id)
+            answers, result, activation = await removing_one_step(cluster, monkeypatch)
             await cluster.settle()
             failed = await cluster.storage().jobs.find(result.job_id)
             await cluster.advance(0.5)  # the step's next report: the job's timer is not due
@@ -638,11 +644,7 @@ def test_a_report_to_a_removing_job_busy_past_half_the_call_bound_is_queued_and_
 
     async def scenario():
         async with cluster:
-            answers = answered_reports(cluster, monkeypatch)
-            result = await cluster.start(ScenarioJob, request("a"))
-            await cluster.settle()
-            activation = cluster.manager().activation(result.job_id)
-            await cluster.manager().remove(result.job_id)
+            answers, result, activation = await removing_one_step(cluster, monkeypatch)
             turn = activation._core.turn
             await turn.acquire()  # the job is busy: its turn is held
             for _ in range(200):  # the step stops, writes its removal and reports it
@@ -996,6 +998,16 @@ async def a_resumed_run_waiting_behind_an_earlier_stop(cluster) -> tuple[str, st
     return result.job_id, step.id
 
 
+async def written_but_untold(cluster: InProcessCluster, monkeypatch: Any, operation: str):
+    """A resumed run waits behind an earlier execution's stop; the job is then stopped or
+    removed (`operation`), written but with no worker told, and its controller is lost."""
+    job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
+    monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
+    await getattr(cluster.manager(), operation)(job_id)
+    lose_the_controller(cluster)
+    return job_id, step_id
+
+
 def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_is_removed(
     run, script, monkeypatch
 ):
@@ -1009,10 +1021,7 @@ def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_is_remove
 
     async def scenario():
         async with cluster:
-            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
-            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
-            await cluster.manager().remove(job_id)  # written, but no worker is told
-            lose_the_controller(cluster)
+            job_id, step_id = await written_but_untold(cluster, monkeypatch, "remove")
             stops = RecordedStops(cluster, failing=1)  # the first notice fails: sent again
             monkeypatch.setattr(cluster, "stop_steps", stops)
             await (await cluster.manager().rehydrate())
@@ -1046,10 +1055,7 @@ def test_a_live_run_of_the_current_execution_is_told_once_that_the_job_stopped(
 
     async def scenario():
         async with cluster:
-            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
-            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
-            await cluster.manager().stop(job_id)  # written, but no worker is told
-            lose_the_controller(cluster)
+            job_id, step_id = await written_but_untold(cluster, monkeypatch, "stop")
             stops = RecordedStops(cluster)
             monkeypatch.setattr(cluster, "stop_steps", stops)
             await (await cluster.manager().rehydrate())
@@ -1079,10 +1085,7 @@ def test_a_run_told_that_the_job_is_removed_is_not_told_again_by_a_later_pass(
 
     async def scenario():
         async with cluster:
-            job_id, step_id = await a_resumed_run_waiting_behind_an_earlier_stop(cluster)
-            monkeypatch.setattr(cluster, "stop_steps", RecordedStops(cluster, failing=1000))
-            await cluster.manager().remove(job_id)
-            lose_the_controller(cluster)
+            job_id, step_id = await written_but_untold(cluster, monkeypatch, "remove")
             stops = RecordedStops(cluster)
             monkeypatch.setattr(cluster, "stop_steps", stops)
             script.fail_hooks.add("on_stopped")

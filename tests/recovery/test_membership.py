@@ -266,22 +266,33 @@ def test_a_killed_host_is_reported_lost_and_the_elected_host_recovers(run: Any) 
     run(scenario())
 
 
+async def _two_hosts(clock: FakeClock) -> tuple[Host, Host, dict[str, Readings], list[Any]]:
+    """Two controller hosts, each with its watch over the full cluster."""
+    head, second = Host("c:head"), Host("c:second")
+    readings = {head.name: Readings(FULL), second.name: Readings(FULL)}
+    watches = [await _watching(h, readings[h.name], clock) for h in (head, second)]
+    return head, second, readings, watches
+
+
+async def _both_read(clock: FakeClock, readings: dict[str, Readings]) -> None:
+    """One interval on, and both hosts' watches have taken their reading (in threads)."""
+    await clock.advance(1.0)
+    for _ in range(200):
+        if all(r.count >= 2 for r in readings.values()):
+            break
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.02)
+
+
 def test_a_dead_node_is_reported_by_every_host_but_recovered_by_the_elected_one(
     run: Any,
 ) -> None:
     async def scenario() -> None:
         clock = FakeClock()
-        head, second = Host("c:head"), Host("c:second")
-        readings = {head.name: Readings(FULL), second.name: Readings(FULL)}
-        watches = [await _watching(h, readings[h.name], clock) for h in (head, second)]
+        head, second, readings, watches = await _two_hosts(clock)
         for r in readings.values():
             r.then(snapshot(HEAD, SECOND, W1, dead(W2)))
-        await clock.advance(1.0)
-        for _ in range(200):
-            if all(r.count >= 2 for r in readings.values()):
-                break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
+        await _both_read(clock, readings)
         await settle()
         assert head.lost == second.lost == [{"w:w2"}]  # each tells its own activations
         assert len(head.passes) == 1 and second.passes == []
@@ -334,12 +345,7 @@ def test_a_joined_node_with_a_role_gets_its_hosts_from_the_elected_host_only(run
         joined = snapshot(HEAD, SECOND, W1, W2, bare, listed=(HEAD, SECOND, W1))
         for r in readings.values():
             r.then(joined)
-        await clock.advance(1.0)
-        for _ in range(200):
-            if all(r.count >= 2 for r in readings.values()):
-                break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
+        await _both_read(clock, readings)
         await settle()
         assert head.started == ["w2"] and second.started == []
         assert head.passes == [] and head.lost == []  # a join is no loss
@@ -372,17 +378,10 @@ def test_a_host_killed_while_its_node_lives_is_started_again_by_the_elected_host
 ) -> None:
     async def scenario() -> None:
         clock = FakeClock()
-        head, second = Host("c:head"), Host("c:second")
-        readings = {head.name: Readings(FULL), second.name: Readings(FULL)}
-        watches = [await _watching(h, readings[h.name], clock) for h in (head, second)]
+        head, second, readings, watches = await _two_hosts(clock)
         for r in readings.values():
             r.then(snapshot(HEAD, SECOND, W1, W2, listed=(HEAD, SECOND, W1)))
-        await clock.advance(1.0)
-        for _ in range(200):
-            if all(r.count >= 2 for r in readings.values()):
-                break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
+        await _both_read(clock, readings)
         await settle()
         assert head.started == ["w2"] and second.started == []
         assert head.lost == [{"w:w2"}]  # its steps are sent again meanwhile
