@@ -133,8 +133,15 @@ def jobs_show(
         console.print(
             f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
         )
-    for failure in guard(lambda: jobs.import_failures(job.type)):
+    cannot = guard(lambda: jobs.import_failures(job.type))
+    for failure in cannot:
         console.print(f"[yellow]cannot run {job.type} on {failure}[/yellow]", soft_wrap=True)
+    for failure in guard(jobs.import_failures):
+        if failure not in cannot:  # a host that runs the job type but not every step type
+            console.print(
+                f"[yellow]import failed on {failure}: steps of its types go elsewhere[/yellow]",
+                soft_wrap=True,
+            )
 
 
 @jobs_app.command("watch")

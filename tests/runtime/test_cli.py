@@ -44,6 +44,27 @@ def test_jobs_list_and_show_describe_a_job(jobs):
     assert "RUNNING" in shown.output  # the status history
 
 
+def test_jobs_show_names_the_nodes_whose_imports_failed(jobs, monkeypatch):
+    """The job's own type, and a step type's module that failed on a host running the job's
+    type: both name the node and the reason."""
+    from choreography_ray.runtime.client import Jobs
+
+    job_id = jobs.start(FanOutJob, FanOut(steps=1))
+    jobs.wait(job_id, timeout=60)
+    everywhere = {
+        None: ["node n1 (c:n1): module jobs_a: No module named 'jobs_a'"],
+        FanOutJob.name: [],
+    }
+    everywhere[None].append("node n2 (w:n2): module steps_b: boom")
+    everywhere[FanOutJob.name] = everywhere[None][:1]
+    monkeypatch.setattr(Jobs, "import_failures", lambda self, job_type=None: everywhere[job_type])
+    shown = invoke("jobs", "show", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert f"cannot run {FanOutJob.name} on node n1 (c:n1): module jobs_a" in shown.output
+    assert "import failed on node n2 (w:n2): module steps_b: boom" in shown.output
+    assert "cannot run" not in shown.output.split("import failed")[1]
+
+
 def test_jobs_stop_resume_and_remove(jobs):
     import ray
 
