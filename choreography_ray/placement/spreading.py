@@ -104,6 +104,15 @@ class WorkerLoads:
     def took(self, host: str, starts: int) -> None:
         self.sent[host] = self.sent.get(host, 0) + starts
 
+    def forget(self, host: str) -> None:
+        """A host that left the table: what was known of it was its old process's. Under the
+        same name a restarted host starts empty; an estimate kept from before its death (its
+        last answer plus every start sent to it since) would keep it looking loaded, and the
+        batches would pass it over until it answered again."""
+        self.answers.pop(host, None)
+        self.sent.pop(host, None)
+        self.sent_when_asked.pop(host, None)
+
     def runs(self, host: str) -> float:
         since = self.sent.get(host, 0) - self.sent_when_asked.get(host, 0)
         answer = self.answers.get(host)

@@ -52,6 +52,7 @@ class RayDispatcher:
         self.clock = clock or SystemClock()
         self.loads = WorkerLoads()
         """The worker hosts' loads as last answered, and what was sent since."""
+        routes.on_gone(self.loads.forget)
         self._asking: asyncio.Task[None] | None = None
 
     async def _workers(self) -> list[str]:

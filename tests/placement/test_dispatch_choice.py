@@ -22,6 +22,16 @@ class StubRoutes:
     def __init__(self, workers: list[str]) -> None:
         self.workers = workers
         self.calls: list[tuple[str, str]] = []
+        self.gone: list[Any] = []
+
+    def on_gone(self, listener: Any) -> None:
+        self.gone.append(listener)
+
+    def leave(self, name: str) -> None:
+        """The host leaves the table, as `Routes` tells its listeners."""
+        self.workers = [n for n in self.workers if n != name]
+        for listener in self.gone:
+            listener(name)
 
     async def refresh(self) -> None:
         return None
@@ -206,3 +216,25 @@ def test_a_batch_sent_beside_the_question_counts_even_when_the_answer_came_first
 
     sticky = [f"a{n}" for n in range(4)]
     assert asyncio.run(scenario()) == {"w2": ["b0", "b1", "b2", "b3"]}
+
+
+def test_a_host_back_under_its_name_after_leaving_the_table_counts_as_empty() -> None:
+    """A killed worker host restarted on its node keeps its name. What the dispatcher knew of
+    the dead process (its last answer, every start sent to it since) must not make the new one
+    look loaded: the next job's steps would all go to the other hosts."""
+
+    async def scenario() -> dict[str, list[str]]:
+        routes = LoadedRoutes(["w1", "w2"], {"w1": (0, 2), "w2": (40, 2)})
+        sender = step_dispatcher(routes)
+        await sender.start_steps(JobKey(), "j", "geo.Index", [StepStart("a", 0)], {})
+        await settle()  # w2 answered it holds 40 runs
+        routes.leave("w2")  # killed: its calls fail, it leaves the table
+        routes.workers = ["w1", "w2"]  # started again on its node, under the same name
+        routes.took.clear()
+        batch = [StepStart(f"b{n}", 0) for n in range(8)]
+        await sender.start_steps(JobKey(), "j", "geo.Index", batch, {})
+        return routes.took
+
+    took = asyncio.run(scenario())
+    # w1 still holds "a" as far as the dispatcher knows: the empty w2 takes the extra step.
+    assert {name: len(steps) for name, steps in took.items()} == {"w1": 3, "w2": 5}

@@ -17,6 +17,9 @@ class Routes:
 
     workers = ["w1", "w2"]
 
+    def on_gone(self, listener: object) -> None:
+        return None
+
     async def call(self, name: str, method: str, *args: object) -> object:
         if name == "w2":
             raise TimeoutError("no answer within 10s")
