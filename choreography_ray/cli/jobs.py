@@ -13,7 +13,7 @@ import typer
 
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
-from ..jobs.status import JobStatus
+from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from ..storage import JobQuery
 from .common import (
     EXIT_FAILED,
@@ -27,6 +27,7 @@ from .common import (
     jobs_app,
 )
 from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
+from .reading import ClusterReading, read_cluster
 
 
 def _client(
@@ -70,13 +71,16 @@ def jobs_list(
 
     Example: choreography jobs list --status running --output json
     """
-    from ..runtime.arguments import check_query
+    from ..runtime.arguments import check_query, job_key
 
     statuses = frozenset(guard(lambda: [_status(s) for s in status or []]))
     query = guard(lambda: check_query(JobQuery(type=job_type, statuses=statuses, take=limit)))
-    jobs = _client(storage, address, scope, namespace, None)
-    found = guard(lambda: jobs.list(query, **_key_args(scope, namespace)))
-    show_jobs(found, output=output, wide=wide)
+    key = guard(lambda: job_key(scope, namespace))
+
+    async def work(reader: Any, _: ClusterReading) -> list[Any]:
+        return await reader.provider.for_key(key).jobs.query(query)
+
+    show_jobs(read_cluster(storage, address, work), output=output, wide=wide)
 
 
 def _status(name: str) -> JobStatus:
@@ -93,15 +97,34 @@ def jobs_show(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     output: OutputOption = Output.table,
+    verify: Annotated[
+        bool | None,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Read every step record to count the unreadable ones (the default for a job "
+            "that is not running), or count from the stored status and type (the default "
+            "while it runs: a million records read take tens of seconds).",
+        ),
+    ] = None,
 ) -> None:
-    """Show one job: status, progress per stage, and its status history.
+    """Show one job: status, progress per stage, its step records and its status history.
 
     Example: choreography jobs show 3f2a9c1e --output json
     """
-    jobs = _client(storage, address, scope, namespace, job_id)
-    job = guard(lambda: jobs.get(job_id, **_key_args(scope, namespace)))
+    from ..placement.capability import import_failures
+    from ..runtime.arguments import check_job_id, job_key
+
+    key = guard(lambda: job_key(scope, namespace))
+    guard(lambda: check_job_id(job_id))
+
+    async def work(reader: Any, cluster: ClusterReading) -> tuple[Any, Any, Any]:
+        job = await reader.job(key, job_id)  # not found: exit 3
+        thorough = verify if verify is not None else job.status not in RUNNING_JOB_STATUSES
+        counts = await reader.step_counts(key, job_id, verify=thorough)
+        return job, counts, cluster.adverts()
+
+    job, counts, adverts = read_cluster(storage, address, work)
     if output == Output.json:
-        counts = guard(lambda: jobs.step_counts(job_id, **_key_args(scope, namespace)))
         print_json(job_detail_json(job, counts))
         return
     p = job.progress
@@ -115,9 +138,12 @@ def jobs_show(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"
     )
-    counts = guard(lambda: jobs.step_counts(job_id, **_key_args(scope, namespace)))
     stored = ", ".join(f"{n} {status.name.lower()}" for status, n in sorted(counts.items()))
-    console.print(f"step records: {counts.total} stored" + (f" ({stored})" if stored else ""))
+    how = "" if counts.verified else " by stored status; --verify reads each record"
+    console.print(
+        f"step records: {counts.total} stored" + (f" ({stored})" if stored else "") + how,
+        soft_wrap=True,
+    )
     if counts.unreadable:
         console.print(
             f"[red]{counts.unreadable} step record(s) cannot be read[/red]: the job will not "
@@ -133,10 +159,10 @@ def jobs_show(
         console.print(
             f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
         )
-    cannot = guard(lambda: jobs.import_failures(job.type))
+    cannot = import_failures(a for a in adverts.values() if not a.hosts(job.type))
     for failure in cannot:
         console.print(f"[yellow]cannot run {job.type} on {failure}[/yellow]", soft_wrap=True)
-    for failure in guard(jobs.import_failures):
+    for failure in import_failures(adverts.values()):
         if failure not in cannot:  # a host that runs the job type but not every step type
             console.print(
                 f"[yellow]import failed on {failure}: steps of its types go elsewhere[/yellow]",

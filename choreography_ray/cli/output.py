@@ -103,6 +103,7 @@ def job_detail_json(job: JobState, counts: StepCounts) -> dict[str, Any]:
         ],
         "step_counts": {status.name: n for status, n in sorted(counts.items())},
         "unreadable_steps": counts.unreadable,
+        "step_records_read": counts.verified,
         "owner": None
         if owner is None
         else {

@@ -1,13 +1,11 @@
 """Commands that read storage the way the console does: `jobs steps` and `status`.
 
-They join the cluster like every command, then read the cluster's storage directly (the
-console's reader): listing steps or counting jobs asks nothing of the controller hosts.
+They read the cluster's storage directly (the console's reader, see `reading`): listing steps
+or counting jobs asks nothing of the controller hosts.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
@@ -35,6 +33,7 @@ from .output import (
     short_ids,
     step_json,
 )
+from .reading import ClusterReading, read_cluster
 
 T = TypeVar("T")
 
@@ -46,29 +45,6 @@ STEP_COLUMNS = (
     Column("name", 16, shrinks=True),
     Column("error", 30, shrinks=True),
 )
-
-
-def _read(storage: str | None, address: str | None, work: Callable[[Any, Any], Awaitable[T]]) -> T:
-    """`work(reader, config)` over the cluster's storage, opened and closed around it."""
-    from ..console.ray_cluster import cluster_storage
-    from ..console.reader import JobsReader
-    from ..runtime.connection import init_ray
-    from ..runtime.constants import NAMESPACE
-
-    def run() -> T:
-        init_ray(address, NAMESPACE)
-        provider, config = cluster_storage(NAMESPACE, storage)
-
-        async def opened() -> T:
-            await provider.initialize()
-            try:
-                return await work(JobsReader(provider), config)
-            finally:
-                await provider.close()
-
-        return asyncio.run(opened())
-
-    return guard(run)
 
 
 @jobs_app.command("steps")
@@ -98,11 +74,11 @@ def jobs_steps(
     guard(lambda: check_job_id(job_id))
     statuses = guard(lambda: parse_step_statuses(status or []))
 
-    async def work(reader: Any, _: Any) -> Any:
+    async def work(reader: Any, _: ClusterReading) -> Any:
         await reader.job(key, job_id)  # not found: exit 3
         return await reader.steps(key, job_id, statuses, page, limit)
 
-    found = _read(storage, address, work)
+    found = read_cluster(storage, address, work)
     if output == Output.json:
         print_json(
             {
@@ -158,11 +134,11 @@ def status_command(
 
     key: JobKey = guard(lambda: job_key(scope, namespace))
 
-    async def work(reader: Any, config: Any) -> Any:
+    async def work(reader: Any, cluster: ClusterReading) -> Any:
         snapshot = await RayClusterView(NAMESPACE).snapshot()
-        return snapshot, await reader.status_counts(key), config
+        return snapshot, await reader.status_counts(key), cluster.config
 
-    snapshot, counts, config = _read(storage, address, work)
+    snapshot, counts, config = read_cluster(storage, address, work, join=True)
     if output == Output.json:
         print_json(
             {

@@ -39,14 +39,19 @@ def cluster_storage(
     """The provider of the cluster's storage, with the cluster's job modules imported so their
     records read; `storage`, when given, must be the cluster's own."""
     config = require_config(namespace)
+    return storage_of(config, namespace, storage), config
+
+
+def storage_of(config: ClusterConfig, namespace: str, storage: str | None) -> StorageProvider:
+    """The provider of the storage `config` names, with its job modules imported so their
+    records read; `storage`, when given, must be that one."""
     check_same_storage(config, storage)
     _, failed = import_modules(config.modules)
     if failed:
         raise ConfigurationError(f"cannot import the cluster's job modules: {'; '.join(failed)}")
-    provider = open_cluster_storage(
+    return open_cluster_storage(
         config.storage, namespace=namespace, modules=config.modules, options=config.jobs_options()
     )
-    return provider, config
 
 
 class RayClusterView:

@@ -116,8 +116,9 @@ class JobsReader:
             raise JobNotFoundError(job_id)
         return state
 
-    async def step_counts(self, key: JobKey, job_id: str) -> StepCounts:
-        return await self.provider.for_key(key).steps.count_by_status(job_id)
+    async def step_counts(self, key: JobKey, job_id: str, *, verify: bool = True) -> StepCounts:
+        """The job's step records per status; `verify` reads each one (see `StepStore`)."""
+        return await self.provider.for_key(key).steps.count_by_status(job_id, verify=verify)
 
     async def steps(
         self,

@@ -58,11 +58,16 @@ def require_config(namespace: str) -> ClusterConfig:
     the namespace has none (callers that mean something else by it map the error)."""
     config = read_config(namespace)
     if config is None:
-        raise ConfigurationError(
-            f"no choreography configuration in Ray namespace {namespace!r}; start hosts with "
-            "choreography_ray.connect(...) or `choreography up`"
-        )
+        raise missing_config(namespace)
     return config
+
+
+def missing_config(namespace: str) -> ConfigurationError:
+    """The error of a namespace with no configuration: what to run to give it one."""
+    return ConfigurationError(
+        f"no choreography configuration in Ray namespace {namespace!r}; start hosts with "
+        "choreography_ray.connect(...) or `choreography up`"
+    )
 
 
 def write_config(config: ClusterConfig, namespace: str) -> None:

@@ -192,10 +192,10 @@ def init_ray(
             log_to_driver=False,
         )
     except ray.exceptions.AuthenticationError:
-        raise ClusterAuthenticationError(_auth_message(address)) from None
+        raise ClusterAuthenticationError(auth_message(address)) from None
     except ConnectionError as error:
         if is_authentication_failure(error):
-            raise ClusterAuthenticationError(_auth_message(address)) from None
+            raise ClusterAuthenticationError(auth_message(address)) from None
         raise ClusterUnreachableError(
             f"cannot reach the Ray cluster at {address!r}: {last_raised(str(error))}"
         ) from None
@@ -238,7 +238,7 @@ def _check_authenticated(gcs_address: str, address: str) -> None:
         try:
             GcsClient(address=gcs_address)
         except ray.exceptions.AuthenticationError:
-            raise ClusterAuthenticationError(_auth_message(address)) from None
+            raise ClusterAuthenticationError(auth_message(address)) from None
         except Exception:
             return
 
@@ -261,7 +261,7 @@ def is_authentication_failure(error: BaseException) -> bool:
     return False
 
 
-def _auth_message(address: str | None) -> str:
+def auth_message(address: str | None) -> str:
     mode = os.environ.get("RAY_AUTH_MODE", "disabled")
     where = f" at {redact(address)!r}" if address else ""
     if mode.lower() == "token":

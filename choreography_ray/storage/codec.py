@@ -27,6 +27,7 @@ from ..jobs.errors import (
 )
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
 from ..jobs.state import MAX_ID_LENGTH, JobKey, JobState, JobStepState, PlannedStep
+from ..jobs.status import JobStepStatus
 from .protocols import StepCounts
 
 _PLAN_CHUNK: TypeAdapter[list[PlannedStep]] = TypeAdapter(list[PlannedStep])
@@ -190,6 +191,22 @@ class RecordCodec:
                 counts.unreadable += 1
                 continue
             counts[status] = counts.get(status, 0) + 1
+        return counts
+
+    def count_columns(self, rows: Iterable[tuple[str, int, int]]) -> StepCounts:
+        """Counts from `(type, status, count)` rows, as a provider groups its step rows: the
+        ones of a step type the registry does not know counted unreadable."""
+        counts = StepCounts(unreadable=0, verified=False)
+        for step_type, status, n in rows:
+            if not self.registry.knows(step_type, TypeKind.STEP):
+                counts.unreadable += n
+                continue
+            try:
+                known = JobStepStatus(status)
+            except ValueError:
+                counts.unreadable += n
+                continue
+            counts[known] = counts.get(known, 0) + n
         return counts
 
     # -- plans --------------------------------------------------------------------------------

@@ -68,13 +68,22 @@ class StepCounts(dict[JobStepStatus, int]):
     An unreadable record (malformed, or naming a type this release does not register) has no
     status anyone can trust, so it is counted apart, never dropped: the statuses and
     `unreadable` together count every record, as `count_for_job` does.
+
+    `verified` says how: every record read (True), or counted from the status and type each
+    row keeps beside its record (False), which tells a record of an unknown step type but
+    not a malformed one.
     """
 
     def __init__(
-        self, counts: dict[JobStepStatus, int] | None = None, *, unreadable: int = 0
+        self,
+        counts: dict[JobStepStatus, int] | None = None,
+        *,
+        unreadable: int = 0,
+        verified: bool = True,
     ) -> None:
         super().__init__(counts or {})
         self.unreadable = unreadable
+        self.verified = verified
 
     @property
     def total(self) -> int:
@@ -164,8 +173,14 @@ class JobStepStorage(Protocol):
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int: ...
 
-    async def count_by_status(self, job_id: str) -> StepCounts:
-        """How many of the job's step records are in each status; unreadable ones apart."""
+    async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
+        """How many of the job's step records are in each status; unreadable ones apart.
+
+        With `verify`, every record is read: only reading tells every unreadable one (a
+        million records take tens of seconds). Without, a provider may count from the status
+        and type it keeps beside each record, in one indexed query: a record whose type this
+        release does not register counts unreadable, a malformed one by its stored status
+        (`StepCounts.verified` says which was done)."""
         ...
 
     async def remove(self, job_id: str, step_id: str) -> bool: ...

@@ -106,12 +106,14 @@ def test_the_json_schema_of_a_job_is_stable():
         "status_history",
         "step_counts",
         "unreadable_steps",
+        "step_records_read",
         "owner",
         "pending_drain",
         "stop_finalized",
         "execution_generation",
     }
     assert shown["step_counts"] == {"FAILED": 10} and shown["unreadable_steps"] == 1
+    assert shown["step_records_read"] is True
 
 
 def test_the_json_schema_of_a_step_carries_its_error():

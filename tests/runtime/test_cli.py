@@ -47,22 +47,67 @@ def test_jobs_list_and_show_describe_a_job(jobs):
 def test_jobs_show_names_the_nodes_whose_imports_failed(jobs, monkeypatch):
     """The job's own type, and a step type's module that failed on a host running the job's
     type: both name the node and the reason."""
-    from choreography_ray.runtime.client import Jobs
+    from choreography_ray.placement.capability import HostAdvert
+    from choreography_ray.runtime import adverts
 
     job_id = jobs.start(FanOutJob, FanOut(steps=1))
     jobs.wait(job_id, timeout=60)
-    everywhere = {
-        None: ["node n1 (c:n1): module jobs_a: No module named 'jobs_a'"],
-        FanOutJob.name: [],
+    told = {
+        "c:n1": HostAdvert(
+            name="c:n1", node_id="n1", failed_modules={"jobs_a": "No module named 'jobs_a'"}
+        ),
+        "w:n2": HostAdvert(
+            name="w:n2",
+            node_id="n2",
+            job_types=[FanOutJob.name],
+            failed_modules={"steps_b": "boom"},
+        ),
     }
-    everywhere[None].append("node n2 (w:n2): module steps_b: boom")
-    everywhere[FanOutJob.name] = everywhere[None][:1]
-    monkeypatch.setattr(Jobs, "import_failures", lambda self, job_type=None: everywhere[job_type])
+    monkeypatch.setattr(adverts, "read_adverts", lambda namespace, hosts=None: told)
     shown = invoke("jobs", "show", job_id)
     assert shown.exit_code == 0, shown.output
     assert f"cannot run {FanOutJob.name} on node n1 (c:n1): module jobs_a" in shown.output
     assert "import failed on node n2 (w:n2): module steps_b: boom" in shown.output
     assert "cannot run" not in shown.output.split("import failed")[1]
+
+
+def test_reading_commands_read_the_control_store_and_storage_without_joining_the_cluster(jobs):
+    """`jobs list`, `jobs show` and `jobs steps` from a new process: each answers without
+    registering a driver with the cluster (joining costs seconds while a big job runs), and a
+    running job's step records are counted from their stored status."""
+    import ray
+    from ray._raylet import GcsClient
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True))
+        gcs = ray.get_runtime_context().gcs_address
+        drivers = GcsClient(address=gcs).get_all_job_info(timeout=10)
+
+        def command(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "choreography_ray.cli", *args, "--address", gcs],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        listed = command("jobs", "list", "--wide")
+        assert listed.returncode == 0, listed.stderr
+        assert job_id in listed.stdout and "RUNNING" in listed.stdout
+        shown = command("jobs", "show", job_id)
+        assert shown.returncode == 0, shown.stderr
+        assert "by stored status; --verify reads each record" in shown.stdout
+        steps = command("jobs", "steps", job_id)
+        assert steps.returncode == 0, steps.stderr
+        assert command("jobs", "show", "no-such-job").returncode == 3
+        assert GcsClient(address=gcs).get_all_job_info(timeout=10).keys() == drivers.keys()
+    finally:
+        ray.get(handle.open.remote())
+        ray.kill(handle)
+    jobs.wait(job_id, timeout=60)
+    at_rest = invoke("jobs", "show", job_id)  # completed: every record read
+    assert at_rest.exit_code == 0 and "--verify" not in at_rest.output
 
 
 def test_jobs_stop_resume_and_remove(jobs):

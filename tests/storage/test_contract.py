@@ -782,6 +782,19 @@ def test_unreadable_steps_are_counted_apart_never_dropped(
     assert run(storage.steps.count_by_status("other-job")).unreadable == 0
 
 
+def test_a_count_from_the_columns_tells_unknown_step_types_without_reading_records(
+    run, support, provider, storage, key, make
+):
+    """What `jobs show` asks while a job runs: one grouped query, not a million decodes. The
+    fixture's unreadable records are of unknown types, or keep no type beside them."""
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    counts = run(storage.steps.count_by_status("job", verify=False))
+    assert dict(counts) == {JobStepStatus.COMPLETED_SUCCESSFULLY: 1, JobStepStatus.FAILED: 1}
+    assert counts.unreadable == 3 and counts.total == 5
+    assert counts.verified == (support.name == "memory")  # memory always reads
+    assert run(storage.steps.count_by_status("nobody", verify=False)) == {}
+
+
 def test_removing_a_job_s_steps_removes_unreadable_records_too(
     run, support, provider, storage, key, make
 ):

@@ -708,3 +708,22 @@ def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(run, 
     finally:
         run(provider.close())
         locker.close()
+
+
+def test_a_count_from_the_columns_trusts_a_malformed_record_s_status_and_a_verified_one_does_not(
+    run, sqlite_provider, tmp_path
+):
+    """The price of counting without reading: a record spoiled inside while its columns stay
+    sound is counted by its stored status. Only reading every record tells it apart."""
+    storage = sqlite_provider.for_key()
+    run(storage.steps.save_many([step("s1", status=JobStepStatus.FAILED), step("s2")]))
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        db.execute("UPDATE choreography_job_steps SET state = '{not json' WHERE step_id = 's2'")
+    quick = run(storage.steps.count_by_status("job", verify=False))
+    assert (dict(quick), quick.unreadable, quick.verified) == (
+        {JobStepStatus.FAILED: 1, JobStepStatus.UNKNOWN: 1},
+        0,
+        False,
+    )
+    read = run(storage.steps.count_by_status("job"))
+    assert (dict(read), read.unreadable, read.verified) == ({JobStepStatus.FAILED: 1}, 1, True)
