@@ -83,3 +83,71 @@ def test_nothing_under_the_package_imports_pickle():
         if {"pickle", "cloudpickle"} & _imports(path, "")
     ]
     assert offenders == []
+
+
+def _module_name(path: Path) -> str:
+    parts = ["choreography_ray", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module of the package, with the package's modules it imports anywhere in its text
+    (type-only and function-local imports included). `from .x import y` counts as importing
+    `x.y` when that is a module, else `x`."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    stem = base[: len(base) - node.level + 1]
+                    module = ".".join([*stem, node.module] if node.module else stem)
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    found.add(
+                        f"{module}.{alias.name}" if f"{module}.{alias.name}" in paths else module
+                    )
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        for imported in sorted(graph[module]):
+            found = visit(imported, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = visit(module, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_module_of_the_package_is_in_an_import_circle():
+    """Not even one for type hints only: a part that needs its user declares a port
+    (`engine.run_host.RunHost`, `runtime.controller_port.ControllerPort`). A package's
+    `__init__` re-exporting its modules is no circle: only edges between modules count."""
+    graph = _module_graph()
+    inits = {
+        name for name in graph if (PACKAGE / "/".join(name.split(".")[1:]) / "__init__.py").exists()
+    }
+    modules = {name: deps - inits for name, deps in graph.items() if name not in inits}
+    assert modules["choreography_ray.runtime.controller_recovery"]  # the graph is read
+    circle = _circle(modules)
+    assert circle is None, " -> ".join(circle or [])

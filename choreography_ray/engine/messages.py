@@ -94,9 +94,9 @@ class SettledStops:
     settled: list[StepReport] = field(default_factory=list)
     """Outcomes persisted before the deadline: each the step's own answer."""
     timed_out: list[str] = field(default_factory=list)
-    """Steps that did not answer with a persisted outcome by the deadline
-    (`JobStepError.STOP_TIMED_OUT`): their callbacks are refused from then on, and each reports
-    its outcome once it settles."""
+    """Steps that did not answer with a persisted outcome by the deadline (the seed's
+    StopTimedOut): their callbacks are refused from then on, and each reports its outcome once
+    it settles."""
 
 
 # -- across processes ---------------------------------------------------------------------------

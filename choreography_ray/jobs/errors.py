@@ -27,7 +27,6 @@ __all__ = [
     "InvalidRequestError",
     "JobNotFoundError",
     "JobOperationError",
-    "JobStepError",
     "JobTypesError",
     "MalformedRecordError",
     "NoEligibleJobWorker",
@@ -93,13 +92,6 @@ class RemoveJobError(IntEnum):
     UNKNOWN = 0
     JOB_IS_COMPLETED = 1
     JOB_IS_ALREADY_BEING_REMOVED = 2
-
-
-class JobStepError(IntEnum):
-    UNKNOWN = 0
-    FAILED_TO_PERSIST_STATE = 1
-    FAILED_TO_REPORT_TO_JOB = 2
-    STOP_TIMED_OUT = 3
 
 
 class StartJobStepError(IntEnum):

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..jobs.state import JobKey
 from ..recovery.keys import KeyCatalogReader
 from ..recovery.retries import Partitions
 from ..recovery.watch import MembershipWatch
 from .constants import WORKER_PREFIX
+from .controller_port import ControllerPort
 from .membership import membership_watch
-
-if TYPE_CHECKING:
-    from .controller_host import ControllerHost
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -24,7 +22,7 @@ log = logging.getLogger("choreography_ray.runtime")
 class ControllerRecovery:
     """What a controller host does for recovery, apart from serving its jobs."""
 
-    def __init__(self, host: ControllerHost) -> None:
+    def __init__(self, host: ControllerPort) -> None:
         self.host = host
         self.catalog: KeyCatalogReader | None = None
         self.partitions: Partitions[JobKey] = Partitions(

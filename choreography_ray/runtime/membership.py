@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
@@ -21,12 +21,10 @@ from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
 from .config import taking_down
 from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
+from .controller_port import ControllerPort
 from .directory import actor_names
 from .host_process import cluster_config
 from .node_hosts import create_node_hosts, facts_of, roles_of
-
-if TYPE_CHECKING:
-    from .controller_host import ControllerHost
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -99,7 +97,7 @@ def node_start_times() -> dict[str, float]:
 class ControllerParticipant:
     """A controller host, as its membership watch acts through it."""
 
-    def __init__(self, host: ControllerHost, worker_class: type, cluster: RayCluster) -> None:
+    def __init__(self, host: ControllerPort, worker_class: type, cluster: RayCluster) -> None:
         self.host = host
         self.cluster = cluster
         self.name = host.name
@@ -166,7 +164,7 @@ class ControllerParticipant:
         await self.host.routes.refresh()
 
 
-def membership_watch(host: ControllerHost, worker_class: type) -> MembershipWatch:
+def membership_watch(host: ControllerPort, worker_class: type) -> MembershipWatch:
     """The watch of a controller host, reading Ray every `membership_interval`."""
     cluster = RayCluster(host.namespace, host.options)
     return MembershipWatch(

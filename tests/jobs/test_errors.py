@@ -17,7 +17,6 @@ from choreography_ray.jobs.errors import (
     InvalidOptionError,
     JobNotFoundError,
     JobOperationError,
-    JobStepError,
     JobTypesError,
     MalformedRecordError,
     NoEligibleJobWorker,
@@ -69,12 +68,6 @@ REFERENCE_CODES: dict[type[IntEnum], dict[str, int]] = {
         "COULD_NOT_PERSIST_STOP": 4,  # ours
     },
     RemoveJobError: {"UNKNOWN": 0, "JOB_IS_COMPLETED": 1, "JOB_IS_ALREADY_BEING_REMOVED": 2},
-    JobStepError: {
-        "UNKNOWN": 0,
-        "FAILED_TO_PERSIST_STATE": 1,
-        "FAILED_TO_REPORT_TO_JOB": 2,
-        "STOP_TIMED_OUT": 3,  # ours (the reference adds it without a visible value)
-    },
     StartJobStepError: {
         "UNKNOWN": 0,
         "NOT_PREPARED": 1,
