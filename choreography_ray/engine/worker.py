@@ -128,9 +128,9 @@ class StepWorker:
             why = ActivationCallbackRejected.CLOSED if run else ActivationCallbackRejected.NO_RUN
             raise CallbackRejected(f"step {step_id} of job {job_id}: the run is over", code=why)
         if kind == "checkpoint":
-            run._checkpoint(value)
+            run.checkpoint(value)  # on the loop: applied at once
         elif kind == "progress":
-            run._progress(*value)
+            run.progress(*value)
         return run.cancelled
 
     def write_stats(self) -> dict[str, int]:
