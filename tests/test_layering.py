@@ -151,3 +151,23 @@ def test_no_module_of_the_package_is_in_an_import_circle():
     assert modules["choreography_ray.runtime.controller_recovery"]  # the graph is read
     circle = _circle(modules)
     assert circle is None, " -> ".join(circle or [])
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circle({"run": {"writer", "worker"}, "worker": {"run"}, "writer": set()}) == [
+        "run",
+        "worker",
+        "run",
+    ]
+
+
+MAX_LINES = 450
+"""Above this a module is split by concept (docs/decisions.md, "Modules over 450 lines")."""
+
+
+def test_every_module_of_the_package_is_under_450_lines():
+    sizes = {
+        str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: n for name, n in sizes.items() if n >= MAX_LINES} == {}
