@@ -64,9 +64,10 @@ def check_connect_arguments(
     max_parallel_steps: int | None,
     workers_per_node: int,
     runtime_env: dict[str, Any] | None,
-) -> None:
+) -> int | None:
     """Refuse a bad `connect` argument, as `JobsOptions` refuses a bad setting (the storage
-    URL is checked by `connection.probe_storage`, which opens the store)."""
+    URL is checked by `connection.probe_storage`, which opens the store); the step limit as
+    `JobsOptions` reads it (`"3"` is 3), which is what the hosts are given."""
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise InvalidOptionError("address", f"expected 'auto' or 'host:port', not {address!r}")
     if not isinstance(namespace, str) or not namespace.strip():
@@ -75,7 +76,8 @@ def check_connect_arguments(
         raise InvalidOptionError("options", f"expected JobsOptions, not {type(options).__name__}")
     if isinstance(modules, str) or not all(isinstance(m, str) and m.strip() for m in modules):
         raise InvalidOptionError("modules", f"expected a list of module names, not {modules!r}")
-    JobsOptions(max_parallel_steps=max_parallel_steps)  # the setting's own rule
+    limit = JobsOptions(max_parallel_steps=max_parallel_steps).max_parallel_steps  # its rule
     check_workers_per_node(workers_per_node)
     if runtime_env is not None and not isinstance(runtime_env, dict):
         raise InvalidOptionError("runtime_env", f"expected a dict, not {runtime_env!r}")
+    return limit

@@ -278,6 +278,19 @@ def test_a_failed_connect_puts_the_previous_configuration_back(failing_hosts):
     assert stopped == []  # the hosts that ran before go on running
 
 
+def test_the_step_limit_reaches_the_hosts_as_the_check_read_it(failing_hosts, monkeypatch):
+    """`"3"` passes `JobsOptions`' rule as 3: the hosts get 3, not the text, which they cannot
+    divide among a node's worker hosts."""
+    from choreography_ray.runtime.config import read_config
+
+    _, _, url = failing_hosts
+    given: list[Any] = []
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: given.append(args))
+    cr.connect(url, namespace="limited", max_parallel_steps="3")
+    assert given == [("limited", 3, 1)]
+    assert read_config("limited").max_parallel_steps == 3
+
+
 # -- Ray's errors as one line --------------------------------------------------------------------
 
 
