@@ -7,7 +7,12 @@ and a stored SQLite file hashed before and after proves nothing was written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -397,3 +402,40 @@ def test_a_bad_connect_argument_leaves_the_store_untouched(no_cluster, stored, a
     with pytest.raises(ConfigurationError):
         cr.connect(url, **arguments)
     assert _digest(path) == before
+
+
+def test_storage_check_of_a_dead_postgres_says_one_line_per_retry_and_one_at_the_end(
+    monkeypatch, caplog
+):
+    """psycopg's message spans three lines: each retry is still one log line, the error one."""
+    import choreography_ray.storage
+
+    no_wait = functools.partial(open_storage, sleep=lambda seconds: None)
+    monkeypatch.setattr(choreography_ray.storage, "open_storage", no_wait)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.storage"):
+        result = runner.invoke(app, ["storage", "check", "--storage", DEAD_POSTGRES])
+    assert result.exit_code == 4
+    line = _one_line(result.output)
+    assert line.startswith(f"error: storage {DEAD_POSTGRES} failed 5 times with a transient")
+    retries = [r.getMessage() for r in caplog.records if r.name == "choreography_ray.storage"]
+    assert len(retries) == 4  # the default 5 attempts: one line for each retry
+    assert all("\n" not in retry and "retrying" in retry for retry in retries)
+
+
+@pytest.mark.parametrize("how", ["--debug", "CHOREOGRAPHY_DEBUG=1"])
+def test_debug_shows_the_traceback_instead_of_the_one_line(how):
+    env = {k: v for k, v in os.environ.items() if k != "CHOREOGRAPHY_DEBUG"}
+    flags = [how] if how.startswith("--") else []
+    if not flags:
+        env["CHOREOGRAPHY_DEBUG"] = "1"
+    # A process of its own: the flag is kept for the rest of the process that reads it.
+    result = subprocess.run(
+        [sys.executable, "-m", "choreography_ray.cli", *flags, "jobs", "remove", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+    assert "InvalidJobIdError: job id '' is empty" in result.stderr
