@@ -341,6 +341,37 @@ def test_a_refused_token_is_told_apart_from_an_unreachable_cluster(monkeypatch):
     assert not connection.is_authentication_failure(ConnectionError("Failed to connect"))
 
 
+@pytest.fixture
+def token_cluster(monkeypatch):
+    """A cluster at 10.0.0.1:6379 whose GCS refuses this process's (missing) token, as Ray 2.60
+    refuses it; `ray.init` fails the test, as the refusal must be told before it."""
+    import ray
+    import ray._raylet
+
+    def refusing(address: str) -> None:
+        raise ray.exceptions.AuthenticationError("InvalidAuthToken: the token is missing")
+
+    def init(**kwargs: Any) -> None:
+        raise AssertionError("ray.init was called: Ray retries a refused token for 20 s")
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", refusing)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(connection, "_check_reachable", lambda address: "10.0.0.1:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    return "10.0.0.1:6379"
+
+
+def test_a_token_cluster_is_told_before_ray_init_by_the_api_and_the_command(token_cluster):
+    with pytest.raises(ClusterAuthenticationError) as failed:
+        cr.connect(address=token_cluster)
+    line = _one_line(str(failed.value))
+    assert "uses token authentication" in line and "RAY_AUTH_MODE=token" in line
+    result = runner.invoke(app, ["jobs", "list", "--address", token_cluster])
+    assert result.exit_code == 4
+    assert "RAY_AUTH_MODE=token" in _one_line(result.output)
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
