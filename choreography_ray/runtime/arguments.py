@@ -12,31 +12,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..jobs.errors import InvalidJobIdError, InvalidOptionError
+from ..jobs.errors import InvalidOptionError
 from ..jobs.options import JobsOptions, option_error
-from ..jobs.state import MAX_ID_LENGTH, JobKey
+from ..jobs.state import JobKey, check_job_id
 from ..placement.roles import check_workers_per_node
 from ..storage.protocols import JobQuery
 
-
-def check_job_id(job_id: object) -> str:
-    """`job_id` if it can name a job: any printable text of 1 to 200 characters without a path
-    separator (`/` or `\\`) and without whitespace at either end."""
-    if not isinstance(job_id, str):
-        raise InvalidJobIdError(job_id, f"is a {type(job_id).__name__}, not a string")
-    if not job_id:
-        raise InvalidJobIdError(job_id, "is empty")
-    if len(job_id) > MAX_ID_LENGTH:
-        raise InvalidJobIdError(
-            job_id[:20] + "…", f"is {len(job_id)} characters long; at most {MAX_ID_LENGTH}"
-        )
-    if job_id != job_id.strip():
-        raise InvalidJobIdError(job_id, "has whitespace at its start or end")
-    if not job_id.isprintable():
-        raise InvalidJobIdError(job_id, "contains a control or other non-printable character")
-    if "/" in job_id or "\\" in job_id:
-        raise InvalidJobIdError(job_id, "contains a path separator ('/' or '\\')")
-    return job_id
+__all__ = ["check_connect_arguments", "check_job_id", "check_query", "job_key"]
 
 
 def job_key(scope: str, namespace: str) -> JobKey:

@@ -470,3 +470,19 @@ def test_debug_shows_the_traceback_instead_of_the_one_line(how):
     assert result.returncode != 0
     assert "Traceback" in result.stderr
     assert "InvalidJobIdError: job id '' is empty" in result.stderr
+
+
+@pytest.mark.parametrize(("job_id", "reason"), BAD_IDS, ids=[repr(b[:12]) for b, _ in BAD_IDS])
+def test_the_in_process_cluster_refuses_the_ids_the_client_refuses(job_id, reason):
+    from choreography_ray.testing import InProcessCluster
+
+    async def start() -> None:
+        cluster = InProcessCluster("memory://")
+        try:
+            with pytest.raises(InvalidJobIdError, match=reason):
+                await cluster.start(FanOutJob, FanOut(steps=1), job_id=job_id)
+            assert await cluster.storage().jobs.count(JobQuery()) == 0
+        finally:
+            await cluster.close()
+
+    asyncio.run(start())
