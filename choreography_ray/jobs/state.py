@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .errors import InvalidJobIdError
 from .registry import Payload, trusted
 from .status import JobStatus, JobStepStatus
 
@@ -20,6 +21,27 @@ DEFAULT_NAMESPACE = "default"
 MAX_ID_LENGTH = 200
 """The longest job id, step id, scope or namespace: ids from other systems (UUIDs, paths
 joined with dashes, ticket numbers) fit with room to spare, and every store indexes them."""
+
+
+def check_job_id(job_id: object) -> str:
+    """`job_id` if it can name a job: any printable text of 1 to 200 characters without a path
+    separator (`/` or `\\`) and without whitespace at either end. The client and the
+    in-process cluster check a caller's id with it before anything is sent or written."""
+    if not isinstance(job_id, str):
+        raise InvalidJobIdError(job_id, f"is a {type(job_id).__name__}, not a string")
+    if not job_id:
+        raise InvalidJobIdError(job_id, "is empty")
+    if len(job_id) > MAX_ID_LENGTH:
+        raise InvalidJobIdError(
+            job_id[:20] + "…", f"is {len(job_id)} characters long; at most {MAX_ID_LENGTH}"
+        )
+    if job_id != job_id.strip():
+        raise InvalidJobIdError(job_id, "has whitespace at its start or end")
+    if not job_id.isprintable():
+        raise InvalidJobIdError(job_id, "contains a control or other non-printable character")
+    if "/" in job_id or "\\" in job_id:
+        raise InvalidJobIdError(job_id, "contains a path separator ('/' or '\\')")
+    return job_id
 
 
 def utc(value: datetime) -> datetime:

@@ -70,7 +70,7 @@ def connect(
     leave it out, and may not name another. `modules` are imported by every host, so the job
     types they define resolve; a job class's own module is added when it is started.
     """
-    check_connect_arguments(
+    max_parallel_steps = check_connect_arguments(
         address=address,
         namespace=namespace,
         options=options,

@@ -32,7 +32,7 @@ from ..jobs.errors import JobNotFoundError
 from ..jobs.job import Job
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
-from ..jobs.state import JobKey, JobState
+from ..jobs.state import JobKey, JobState, check_job_id
 from ..recovery import Rehydration
 from ..storage.protocols import JobsStorage
 from ..storage.provider import StorageProvider, open_storage
@@ -258,6 +258,10 @@ class InProcessCluster:
         key: JobKey | None = None,
         job_id: str | None = None,
     ) -> JobStartResult:
+        """Start a job, as `Jobs.start` does: a caller's `job_id` is checked first, so an id
+        the client would refuse is refused here too (`InvalidJobIdError`)."""
+        if job_id is not None:
+            check_job_id(job_id)
         return await self.manager(key).start(job_type, request, job_id=job_id)
 
     async def settle(self) -> None:

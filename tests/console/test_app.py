@@ -184,7 +184,12 @@ def test_steps_are_paged(console):
 
 
 def test_user_text_is_escaped(console):
-    job_id = start(console, "<script>alert(1)</script>", job_id="<b>job</b>")
+    # The client refuses an id with a '/' now; one stored before is still shown, escaped.
+    started = console.cluster.manager().start(
+        ScenarioJob, request("<script>alert(1)</script>"), job_id="<b>job</b>"
+    )
+    job_id = console.run(started).job_id
+    console.run(console.cluster.settle())
     for target in ("/jobs", f"/jobs/{urllib.parse.quote(job_id, safe='')}"):
         _, page = get(console, target)
         assert "<b>job</b>" not in page and "&lt;b&gt;job&lt;/b&gt;" in page

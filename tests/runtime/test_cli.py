@@ -11,7 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from choreography_ray.cli import app
-from choreography_ray.jobs import JobStatus, JobStepStatus
+from choreography_ray.jobs import (
+    CannotResumeJobError,
+    JobStatus,
+    JobStepStatus,
+    ResumeJobFailed,
+)
 
 from .ray_jobs import FanOut, FanOutJob, gate
 
@@ -162,15 +167,24 @@ def test_a_job_whose_step_records_cannot_be_read_is_shown_refused_and_removable(
             "UPDATE choreography_job_steps SET state = '{not json' WHERE job_id = ?", (job_id,)
         )
 
+    stored = _rows(job_id)
+
     shown = invoke("jobs", "show", job_id)
     assert shown.exit_code == 0, shown.output
     assert "3 step record(s) cannot be read" in shown.output
+    assert jobs.step_counts(job_id).unreadable == 3
 
+    with pytest.raises(ResumeJobFailed) as refused:
+        jobs.resume(job_id)
+    assert refused.value.code == CannotResumeJobError.UNREADABLE_STEPS
+    message = str(refused.value)
+    assert "\n" not in message and "3 step record(s) cannot be read" in message
     resumed = invoke("jobs", "resume", job_id)
     assert resumed.exit_code == 1
     [line] = resumed.output.strip().splitlines()
     assert "cannot be read" in line
     assert jobs.get(job_id).status == JobStatus.STOPPED
+    assert _rows(job_id) == stored  # neither refusal changed the job or its steps
 
     assert invoke("jobs", "remove", job_id).exit_code == 0
     with sqlite3.connect(DATABASE) as db:
@@ -178,6 +192,16 @@ def test_a_job_whose_step_records_cannot_be_read_is_shown_refused_and_removable(
             "SELECT count(*) FROM choreography_job_steps WHERE job_id = ?", (job_id,)
         ).fetchone()
     assert left == (0,)
+
+
+def _rows(job_id: str) -> list[tuple]:
+    """The job's stored rows, as they are in the file."""
+    with sqlite3.connect(DATABASE) as db:
+        job = db.execute("SELECT * FROM choreography_jobs WHERE id = ?", (job_id,)).fetchall()
+        steps = db.execute(
+            "SELECT * FROM choreography_job_steps WHERE job_id = ? ORDER BY step_id", (job_id,)
+        ).fetchall()
+    return job + steps
 
 
 def test_jobs_watch_follows_a_job_to_its_end(jobs):

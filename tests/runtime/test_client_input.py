@@ -7,7 +7,12 @@ and a stored SQLite file hashed before and after proves nothing was written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +283,19 @@ def test_a_failed_connect_puts_the_previous_configuration_back(failing_hosts):
     assert stopped == []  # the hosts that ran before go on running
 
 
+def test_the_step_limit_reaches_the_hosts_as_the_check_read_it(failing_hosts, monkeypatch):
+    """`"3"` passes `JobsOptions`' rule as 3: the hosts get 3, not the text, which they cannot
+    divide among a node's worker hosts."""
+    from choreography_ray.runtime.config import read_config
+
+    _, _, url = failing_hosts
+    given: list[Any] = []
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: given.append(args))
+    cr.connect(url, namespace="limited", max_parallel_steps="3")
+    assert given == [("limited", 3, 1)]
+    assert read_config("limited").max_parallel_steps == 3
+
+
 # -- Ray's errors as one line --------------------------------------------------------------------
 
 
@@ -321,6 +339,37 @@ def test_a_refused_token_is_told_apart_from_an_unreachable_cluster(monkeypatch):
         connection.init_ray(None, "choreography")
     assert "RAY_AUTH_MODE=token" in _one_line(str(failed.value))
     assert not connection.is_authentication_failure(ConnectionError("Failed to connect"))
+
+
+@pytest.fixture
+def token_cluster(monkeypatch):
+    """A cluster at 10.0.0.1:6379 whose GCS refuses this process's (missing) token, as Ray 2.60
+    refuses it; `ray.init` fails the test, as the refusal must be told before it."""
+    import ray
+    import ray._raylet
+
+    def refusing(address: str) -> None:
+        raise ray.exceptions.AuthenticationError("InvalidAuthToken: the token is missing")
+
+    def init(**kwargs: Any) -> None:
+        raise AssertionError("ray.init was called: Ray retries a refused token for 20 s")
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", refusing)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(connection, "_check_reachable", lambda address: "10.0.0.1:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    return "10.0.0.1:6379"
+
+
+def test_a_token_cluster_is_told_before_ray_init_by_the_api_and_the_command(token_cluster):
+    with pytest.raises(ClusterAuthenticationError) as failed:
+        cr.connect(address=token_cluster)
+    line = _one_line(str(failed.value))
+    assert "uses token authentication" in line and "RAY_AUTH_MODE=token" in line
+    result = runner.invoke(app, ["jobs", "list", "--address", token_cluster])
+    assert result.exit_code == 4
+    assert "RAY_AUTH_MODE=token" in _one_line(result.output)
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -384,3 +433,56 @@ def test_a_bad_connect_argument_leaves_the_store_untouched(no_cluster, stored, a
     with pytest.raises(ConfigurationError):
         cr.connect(url, **arguments)
     assert _digest(path) == before
+
+
+def test_storage_check_of_a_dead_postgres_says_one_line_per_retry_and_one_at_the_end(
+    monkeypatch, caplog
+):
+    """psycopg's message spans three lines: each retry is still one log line, the error one."""
+    import choreography_ray.storage
+
+    no_wait = functools.partial(open_storage, sleep=lambda seconds: None)
+    monkeypatch.setattr(choreography_ray.storage, "open_storage", no_wait)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.storage"):
+        result = runner.invoke(app, ["storage", "check", "--storage", DEAD_POSTGRES])
+    assert result.exit_code == 4
+    line = _one_line(result.output)
+    assert line.startswith(f"error: storage {DEAD_POSTGRES} failed 5 times with a transient")
+    retries = [r.getMessage() for r in caplog.records if r.name == "choreography_ray.storage"]
+    assert len(retries) == 4  # the default 5 attempts: one line for each retry
+    assert all("\n" not in retry and "retrying" in retry for retry in retries)
+
+
+@pytest.mark.parametrize("how", ["--debug", "CHOREOGRAPHY_DEBUG=1"])
+def test_debug_shows_the_traceback_instead_of_the_one_line(how):
+    env = {k: v for k, v in os.environ.items() if k != "CHOREOGRAPHY_DEBUG"}
+    flags = [how] if how.startswith("--") else []
+    if not flags:
+        env["CHOREOGRAPHY_DEBUG"] = "1"
+    # A process of its own: the flag is kept for the rest of the process that reads it.
+    result = subprocess.run(
+        [sys.executable, "-m", "choreography_ray.cli", *flags, "jobs", "remove", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+    assert "InvalidJobIdError: job id '' is empty" in result.stderr
+
+
+@pytest.mark.parametrize(("job_id", "reason"), BAD_IDS, ids=[repr(b[:12]) for b, _ in BAD_IDS])
+def test_the_in_process_cluster_refuses_the_ids_the_client_refuses(job_id, reason):
+    from choreography_ray.testing import InProcessCluster
+
+    async def start() -> None:
+        cluster = InProcessCluster("memory://")
+        try:
+            with pytest.raises(InvalidJobIdError, match=reason):
+                await cluster.start(FanOutJob, FanOut(steps=1), job_id=job_id)
+            assert await cluster.storage().jobs.count(JobQuery()) == 0
+        finally:
+            await cluster.close()
+
+    asyncio.run(start())
