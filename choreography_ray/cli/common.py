@@ -72,7 +72,7 @@ AddressOption = Annotated[
 ]
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", envvar=CONFIG_ENV, help="TOML file with a [jobs] table of options."),
+    typer.Option("--config", envvar=CONFIG_ENV, help="TOML file with a \\[jobs] table of options."),
 ]
 ScopeOption = Annotated[str, typer.Option("--scope", help="Storage scope of the jobs.")]
 NamespaceOption = Annotated[str, typer.Option("--namespace", help="Namespace of the jobs.")]

@@ -155,3 +155,14 @@ def test_an_unknown_short_id_hints_at_the_whole_one():
 def test_errors_exit_with_their_documented_code(error, code):
     assert exit_code(error) == code
     assert isinstance(typer.Exit(code), typer.Exit)
+
+
+def test_an_error_of_many_lines_is_printed_as_one(capsys):
+    """The last safeguard of every command: whatever an error's text spans (a driver's
+    message, a traceback pasted into a reason), the command prints one line."""
+    from choreography_ray.cli.common import fail
+
+    exit_with = fail(ValueError("bad value\n  detail on a second line\n\nand a third"))
+    printed = capsys.readouterr().err.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith("error: bad value")
+    assert exit_with.exit_code == 2
