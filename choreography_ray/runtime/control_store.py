@@ -44,9 +44,10 @@ def control_store_address(address: str | None) -> str | None:
     from ray._private.services import canonicalize_bootstrap_address
 
     try:
-        return canonicalize_bootstrap_address(address)
+        found = canonicalize_bootstrap_address(address)  # RAY_ADDRESS may be a ray:// one
     except Exception:
         return None
+    return found if found and not found.startswith("ray://") else None
 
 
 class ControlStore:
