@@ -44,10 +44,9 @@ def control_store_address(address: str | None) -> str | None:
     from ray._private.services import canonicalize_bootstrap_address
 
     try:
-        found = canonicalize_bootstrap_address(address)  # RAY_ADDRESS may be a ray:// one
-    except Exception:
-        return None
-    return found if found and not found.startswith("ray://") else None
+        return canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):
+        return None  # no cluster found, or RAY_ADDRESS is a Ray Client address
 
 
 class ControlStore:
