@@ -8,24 +8,35 @@ optionally, the cluster's actions and view; `choreography_ray.console.ray_cluste
 those from Ray. docs/console.md is the user's guide.
 """
 
-from .app import ConsoleSettings, create_app
-from .ports import ClientActions, ClusterSnapshot, ClusterView, JobActions, ManagerActions
-from .reader import JobFilter, JobsReader, Page
-from .server import DEFAULT_HOST, DEFAULT_PORT, console_app, serve
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
-    "ClientActions",
-    "ClusterSnapshot",
-    "ClusterView",
-    "ConsoleSettings",
-    "JobActions",
-    "JobFilter",
-    "JobsReader",
-    "ManagerActions",
-    "Page",
-    "console_app",
-    "create_app",
-    "serve",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "ConsoleSettings": "app",
+    "create_app": "app",
+    "ClientActions": "ports",
+    "ClusterSnapshot": "ports",
+    "ClusterView": "ports",
+    "JobActions": "ports",
+    "ManagerActions": "ports",
+    "JobFilter": "reader",
+    "JobsReader": "reader",
+    "Page": "reader",
+    "DEFAULT_HOST": "server",
+    "DEFAULT_PORT": "server",
+    "console_app": "server",
+    "serve": "server",
+}
+"""Each public name's module, imported when the name is first asked for: the command line
+reads storage through `console.reader` and must not pay for aiohttp (about 0.1 s) to do so."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
