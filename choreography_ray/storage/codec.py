@@ -193,14 +193,12 @@ class RecordCodec:
             counts[status] = counts.get(status, 0) + 1
         return counts
 
-    def count_columns(self, rows: Iterable[tuple[str, int, int]]) -> StepCounts:
-        """Counts from `(type, status, count)` rows, as a provider groups its step rows: the
-        ones of a step type the registry does not know counted unreadable."""
+    @staticmethod
+    def count_statuses(rows: Iterable[tuple[int, int]]) -> StepCounts:
+        """Counts from `(status, count)` rows, as a provider groups its step rows by the
+        status it keeps beside each record; a status no release defines is unreadable."""
         counts = StepCounts(unreadable=0, verified=False)
-        for step_type, status, n in rows:
-            if not self.registry.knows(step_type, TypeKind.STEP):
-                counts.unreadable += n
-                continue
+        for status, n in rows:
             try:
                 known = JobStepStatus(status)
             except ValueError:

@@ -188,29 +188,17 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
 
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """With `verify`, reads every record: only reading tells a readable one from one that
-        is not; else groups the documents by status and step type on the server. A record
-        kept as JSON text (not BSON-safe) shows no type to group by: those few are read."""
+        is not; else groups the documents by their status field on the server."""
         filter = self._filter(job_id, None)
         if verify:
             return await self._run(lambda: self._codec.count_steps(self._records(filter)))
-        pipeline = [
-            {"$match": filter},
-            {"$group": {"_id": {"type": "$state.type", "status": "$status"}, "n": {"$sum": 1}}},
-        ]
+        pipeline = [{"$match": filter}, {"$group": {"_id": "$status", "n": {"$sum": 1}}}]
 
         def grouped() -> StepCounts:
-            rows = list(self._p.steps.aggregate(pipeline))
-            typed = [r for r in rows if r["_id"].get("type") is not None]
-            counts = self._codec.count_columns(
-                (str(r["_id"]["type"]), int(r["_id"].get("status", -1)), int(r["n"])) for r in typed
+            rows = self._p.steps.aggregate(pipeline)
+            return self._codec.count_statuses(
+                (r["_id"] if isinstance(r["_id"], int) else -1, int(r["n"])) for r in rows
             )
-            if len(typed) < len(rows):
-                untyped = {**filter, "state.type": {"$exists": False}}
-                read = self._codec.count_steps(self._records(untyped))
-                for status, n in read.items():
-                    counts[status] = counts.get(status, 0) + n
-                counts.unreadable += read.unreadable
-            return counts
 
         return await self._run(grouped)
 

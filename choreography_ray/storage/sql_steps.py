@@ -263,7 +263,9 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
 
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """With `verify`, reads every record: only reading tells a readable one from one that
-        is not; else one `GROUP BY` over the type and status columns."""
+        is not; else one `GROUP BY` over the status column, from the (job, status) index
+        alone (adding the type column, to tell unknown types, read the table: 2.7 s for a
+        million rows of a running job, against 0.09 s)."""
         check_id(job_id, "job id")
         if not verify:
             return await self._run(self._count_columns, job_id)
@@ -272,13 +274,11 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     def _count_columns(self, job_id: str) -> StepCounts:
         c = steps_table.c
         statement = (
-            select(c.type, c.status, func.count())
-            .where(self._where(job_id, None))
-            .group_by(c.type, c.status)
+            select(c.status, func.count()).where(self._where(job_id, None)).group_by(c.status)
         )
         with self.provider.autocommit() as connection:
-            return self._codec.count_columns(
-                (t, int(s), int(n)) for t, s, n in connection.execute(statement)
+            return self._codec.count_statuses(
+                (int(s), int(n)) for s, n in connection.execute(statement)
             )
 
     def _count_by_status(self, job_id: str) -> StepCounts:
