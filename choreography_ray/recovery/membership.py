@@ -42,10 +42,18 @@ class ClusterSnapshot:
     nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
     hosts: Mapping[str, str] = field(default_factory=dict)
     """Host actor name -> node id."""
+    incarnations: Mapping[str, str] = field(default_factory=dict)
+    """Host actor name -> which actor bears the name (Ray's actor id), where known: a host
+    killed and started again between two readings keeps its name but not its incarnation."""
 
     @classmethod
-    def of(cls, nodes: Iterable[NodeInfo], hosts: Mapping[str, str]) -> ClusterSnapshot:
-        return cls({node.node_id: node for node in nodes}, dict(hosts))
+    def of(
+        cls,
+        nodes: Iterable[NodeInfo],
+        hosts: Mapping[str, str],
+        incarnations: Mapping[str, str] | None = None,
+    ) -> ClusterSnapshot:
+        return cls({node.node_id: node for node in nodes}, dict(hosts), dict(incarnations or {}))
 
     def alive(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
@@ -86,11 +94,18 @@ def diff(before: ClusterSnapshot, after: ClusterSnapshot) -> MembershipChange:
     now_alive = {node_id for node_id, node in after.nodes.items() if node.alive}
     was_hosts = before.live_hosts
     now_hosts = after.live_hosts
+    replaced = {
+        name
+        for name in was_hosts & now_hosts
+        if (was := before.incarnations.get(name)) is not None
+        and (now := after.incarnations.get(name)) is not None
+        and was != now
+    }
     return MembershipChange(
         dead_nodes=frozenset(was_alive - now_alive),
         joined_nodes=frozenset(now_alive - was_alive),
-        hosts_gone=frozenset(was_hosts - now_hosts),
-        hosts_appeared=frozenset(now_hosts - was_hosts),
+        hosts_gone=frozenset((was_hosts - now_hosts) | replaced),
+        hosts_appeared=frozenset((now_hosts - was_hosts) | replaced),
     )
 
 

@@ -239,9 +239,12 @@ class MembershipWatch:
 def _killed(
     before: ClusterSnapshot, after: ClusterSnapshot, change: MembershipChange
 ) -> frozenset[str]:
-    """The live nodes whose host actors went away: their processes were killed (or stopped)."""
+    """The live nodes whose host actors went away: their processes were killed (or stopped).
+    A host already started again under its name (another incarnation) needs no start."""
     return frozenset(
         node_id
         for name in change.hosts_gone
-        if (node_id := before.hosts.get(name)) is not None and after.alive(node_id)
+        if (node_id := before.hosts.get(name)) is not None
+        and after.alive(node_id)
+        and name not in after.hosts
     )

@@ -234,7 +234,7 @@ def _check_authenticated(gcs_address: str, address: str) -> None:
     """
     from ray._raylet import GcsClient
 
-    with _quiet_stderr():
+    with quiet_stderr():
         try:
             GcsClient(address=gcs_address)
         except ray.exceptions.AuthenticationError:
@@ -273,7 +273,7 @@ def auth_message(address: str | None) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """Ray's C++ client logs each refused request to the process's stderr: keep the one
     probe request out of the user's terminal."""
     try:

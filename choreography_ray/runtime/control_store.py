@@ -56,7 +56,7 @@ class ControlStore:
         from ray._raylet import GcsClient
         from ray.exceptions import AuthenticationError
 
-        from .connection import auth_message
+        from .connection import auth_message, quiet_stderr
 
         host, _, port = address.rpartition(":")
         try:
@@ -67,7 +67,8 @@ class ControlStore:
                 f"cannot reach the Ray cluster at {address!r}: {error}"
             ) from None
         try:
-            self._client: Any = GcsClient(address=address)
+            with quiet_stderr():  # Ray's C++ client logs a refused token to stderr
+                self._client: Any = GcsClient(address=address)
         except AuthenticationError:
             raise ClusterAuthenticationError(auth_message(address)) from None
 

@@ -22,7 +22,7 @@ from ..recovery.watch import MembershipWatch
 from .config import taking_down
 from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
 from .controller_port import ControllerPort
-from .directory import actor_names
+from .directory import actor_names, host_incarnations
 from .host_process import cluster_config
 from .node_hosts import create_node_hosts, facts_of, roles_of
 
@@ -48,6 +48,9 @@ class RayCluster:
         self.namespace = namespace
         self.options = options
         self._starts: dict[str, float] = {}
+        self._incarnations: dict[str, str] = {}
+        """Each listed host's actor as last read alive: a host listed but not alive yet (being
+        created) keeps its predecessor's until it is, so its replacement is seen."""
         self.limits: dict[str, int | None] = {}
         """Each worker node's step limit (its label, else the cluster's), as last read."""
 
@@ -76,7 +79,13 @@ class RayCluster:
                 )
             )
         hosts = {name: host_node(name) for name in actor_names(self.namespace)}
-        return ClusterSnapshot.of(nodes, hosts)
+        alive = host_incarnations(self.namespace) or {}
+        self._incarnations = {
+            name: actor
+            for name in hosts
+            if (actor := alive.get(name) or self._incarnations.get(name)) is not None
+        }
+        return ClusterSnapshot.of(nodes, hosts, self._incarnations)
 
 
 def node_start_times() -> dict[str, float]:

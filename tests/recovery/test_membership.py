@@ -86,12 +86,31 @@ def test_a_joined_node_and_its_hosts_appear_in_two_readings() -> None:
     assert diff(joined, started) == MembershipChange(hosts_appeared=frozenset({"w:w2"}))
 
 
-def test_a_host_started_again_under_its_name_is_not_a_change_of_names() -> None:
-    # The same name listed before and after: a replacement is told by the routing table's
-    # pings (epochs), not by the names; the reading in between, without it, is the loss.
+def test_a_host_started_again_under_its_name_is_lost_once_and_appears() -> None:
+    # Seen without it in between: the reading without it is the loss.
     without = snapshot(HEAD, W1, listed=(HEAD,))
     assert diff(snapshot(HEAD, W1), without).hosts_gone == {"w:w1"}
     assert diff(without, snapshot(HEAD, W1)).hosts_appeared == {"w:w1"}
+
+
+def incarnated(snap: ClusterSnapshot, **actors: str) -> ClusterSnapshot:
+    return ClusterSnapshot.of(
+        snap.nodes.values(), snap.hosts, {f"w:{n}": a for n, a in actors.items()}
+    )
+
+
+def test_a_host_killed_and_started_again_between_two_readings_is_lost_by_its_incarnation() -> None:
+    """Killed and started again within one interval, the host keeps its name: only the actor
+    that bears it tells. Without this, a controller whose reading missed the gap kept its
+    steps on the dead process for minutes (fault matrix, case 5)."""
+    before = incarnated(snapshot(HEAD, W1, W2), w1="actor-1", w2="actor-2")
+    after = incarnated(snapshot(HEAD, W1, W2), w1="actor-1b", w2="actor-2")
+    change = diff(before, after)
+    assert change == MembershipChange(
+        hosts_gone=frozenset({"w:w1"}), hosts_appeared=frozenset({"w:w1"})
+    )
+    unknown = ClusterSnapshot.of(after.nodes.values(), after.hosts)  # the table unread
+    assert diff(before, unknown).empty and diff(unknown, after).empty
 
 
 # -- who recovers -----------------------------------------------------------------------------
@@ -368,6 +387,22 @@ def test_a_failed_start_of_a_joined_node_is_retried_alone(run: Any) -> None:
         await clock.advance(2.0)  # then after 2 s
         assert host.started == ["w2"]
         assert watch.started == ["w2"]
+        watch.close()
+
+    run(scenario())
+
+
+def test_a_host_replaced_between_two_readings_is_lost_and_needs_no_start(run: Any) -> None:
+    async def scenario() -> None:
+        first = incarnated(snapshot(HEAD, W1, W2), w1="actor-1", w2="actor-2")
+        clock, host, readings = FakeClock(), Host(), Readings(first)
+        watch = await _watching(host, readings, clock)
+        readings.then(incarnated(snapshot(HEAD, W1, W2), w1="actor-1b", w2="actor-2"))
+        await _tick(clock, readings)
+        assert host.lost == [{"w:w1"}] and host.passes == [(JobKey(),)]
+        assert host.started == []  # already started again, by another controller's watch
+        await _tick(clock, readings)  # the new incarnation read again: no new change
+        assert len(host.lost) == 1
         watch.close()
 
     run(scenario())
