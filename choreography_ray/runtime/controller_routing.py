@@ -61,27 +61,30 @@ class ControllerRouting:
     def controller_for(self, job_type: str) -> Any:
         """The controller host of a new job of `job_type`: among those that run the type, the
         job director's choice, else this node's, else the first. `NoEligibleJobWorker` naming
-        why when none can."""
+        why when none can. A chosen host found gone makes the client list the hosts again
+        and choose once more: the list it kept may predate the host's death."""
         if self._placement is None:
             options = require_config(self.namespace).jobs_options()
             self._placement = Placement(options.job_director, options.step_director)
-        names = self._controllers.get()
-        local = controller_name(ray.get_runtime_context().get_node_id())
-        preferred = self._handle_name if self._handle is not None else local
-        adverts = self._adverts.get(names)
-        chosen = self._placement.controller(
-            job_type, names, adverts, preferred or local, self._load.get(names, adverts)
-        )
-        if self._handle is not None and self._handle_name == chosen:
-            return self._handle
-        try:
-            handle = ray.get_actor(chosen, namespace=self.namespace)
-        except ValueError:
-            raise NoEligibleJobWorker(
-                f"controller host {chosen} for job type {job_type!r} is gone"
-            ) from None
-        self._handle, self._handle_name = handle, chosen
-        return handle
+        for fresh in (False, True):
+            if fresh:
+                self._controllers.forget()
+            names = self._controllers.get()
+            local = controller_name(ray.get_runtime_context().get_node_id())
+            preferred = self._handle_name if self._handle is not None else local
+            adverts = self._adverts.get(names)
+            chosen = self._placement.controller(
+                job_type, names, adverts, preferred or local, self._load.get(names, adverts)
+            )
+            if self._handle is not None and self._handle_name == chosen:
+                return self._handle
+            try:
+                handle = ray.get_actor(chosen, namespace=self.namespace)
+            except ValueError:
+                continue
+            self._handle, self._handle_name = handle, chosen
+            return handle
+        raise NoEligibleJobWorker(f"controller host {chosen} for job type {job_type!r} is gone")
 
 
 class AdvertCache:
