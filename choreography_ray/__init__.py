@@ -4,22 +4,17 @@ A job plans its work as steps, saves the plan, and runs the steps on the cluster
 nodes; when a node, a process or the whole cluster dies, jobs pick up where they were.
 """
 
+from .exports import lazy_names
 from .jobs import *  # noqa: F403
 from .jobs import __all__ as _jobs_all
 from .storage import JobQuery, StorageProvider, StorageURL, open_storage
 
 __version__ = "0.1.0"
 
-_RUNTIME = {"connect", "Jobs", "AsyncJobs"}
-
-
-def __getattr__(name: str) -> object:
-    # The Ray runtime loads only when asked for: declaring jobs never imports Ray.
-    if name in _RUNTIME:
-        from . import runtime
-
-        return getattr(runtime, name)
-    raise AttributeError(f"module 'choreography_ray' has no attribute {name!r}")
+# The Ray runtime loads only when asked for: declaring jobs never imports Ray.
+__getattr__ = lazy_names(
+    __name__, {"connect": "runtime", "Jobs": "runtime", "AsyncJobs": "runtime"}
+)
 
 
 __all__ = [

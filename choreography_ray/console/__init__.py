@@ -10,8 +10,7 @@ those from Ray. docs/console.md is the user's guide.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from ..exports import lazy_names
 
 _WHERE = {
     "ConsoleSettings": "app",
@@ -34,9 +33,4 @@ reads storage through `console.reader` and must not pay for aiohttp (about 0.1 s
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_names(__name__, _WHERE)
