@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 
 VERSION_TABLE = "choreography_alembic_version"
+HEAD_REVISION = "0002"
+"""The newest migration of this release (a test keeps it equal to Alembic's head)."""
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
