@@ -139,11 +139,12 @@ def test_two_providers_initialize_one_sqlite_file_at_once(run, tmp_path, registr
         assert connection.execute(f"SELECT count(*) FROM {VERSION_TABLE}").fetchone() == (1,)
 
 
-def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
-    url = sqlite_url(tmp_path)
-    script = textwrap.dedent(
+def opening_script(url: str) -> str:
+    """A new process that opens (and initializes) the store, then says whether it loaded
+    Alembic."""
+    return textwrap.dedent(
         f"""
-        import asyncio
+        import asyncio, sys
         from choreography_ray.storage import open_storage
 
         async def main():
@@ -152,8 +153,13 @@ def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
             await provider.close()
 
         asyncio.run(main())
+        print("alembic" in sys.modules)
         """
     )
+
+
+def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
+    script = opening_script(sqlite_url(tmp_path))
     processes = [
         subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
         for _ in range(3)
@@ -745,21 +751,7 @@ def test_the_head_revision_the_quick_check_knows_is_alembic_s_head():
 
 def test_opening_a_store_already_at_head_reads_its_version_and_never_loads_alembic(tmp_path):
     """A command that only reads opens the store: Alembic's import was a tenth of its time."""
-    url = sqlite_url(tmp_path)
-    code = textwrap.dedent(
-        f"""
-        import asyncio, sys
-        from choreography_ray.storage import open_storage
-
-        async def main():
-            provider = open_storage({url!r})
-            await provider.initialize()
-            await provider.close()
-
-        asyncio.run(main())
-        print("alembic" in sys.modules)
-        """
-    )
+    code = opening_script(sqlite_url(tmp_path))
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False")
