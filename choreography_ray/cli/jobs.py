@@ -102,7 +102,7 @@ def jobs_show(
         typer.Option(
             "--verify/--no-verify",
             help="Read every step record to count the unreadable ones (the default for a job "
-            "that is not running), or count from the stored status and type (the default "
+            "that is not running), or count by the status stored beside each (the default "
             "while it runs: a million records read take tens of seconds).",
         ),
     ] = None,

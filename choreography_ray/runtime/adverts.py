@@ -71,16 +71,22 @@ def read_adverts(namespace: str, hosts: list[str] | None = None) -> dict[str, Ho
     )
     found: dict[str, HostAdvert] = {}
     for key in keys:
-        raw = kv._internal_kv_get(key, namespace=namespace)
-        if raw is None:
-            continue
-        try:
-            advert = HostAdvert.model_validate_json(raw)
-        except ValueError as error:
-            log.warning("host advertisement %r cannot be read: %s", key, error)
-            continue
-        found[advert.name] = advert
+        advert = parse_advert(key, kv._internal_kv_get(key, namespace=namespace))
+        if advert is not None:
+            found[advert.name] = advert
     return found
+
+
+def parse_advert(key: bytes, raw: bytes | None) -> HostAdvert | None:
+    """The advertisement stored under `key`; None when there is none or it cannot be read
+    (its host counts as not having advertised)."""
+    if raw is None:
+        return None
+    try:
+        return HostAdvert.model_validate_json(raw)
+    except ValueError as error:
+        log.warning("host advertisement %r cannot be read: %s", key, error)
+        return None
 
 
 class Adverts:

@@ -179,7 +179,7 @@ def init_ray(
     an unreachable cluster or a refused token is a one-line `ConfigurationError`."""
     if ray.is_initialized():
         return
-    gcs = _check_reachable(address)
+    gcs = check_reachable(address)
     if gcs is not None:
         _check_authenticated(gcs, address or gcs)
     try:
@@ -201,7 +201,7 @@ def init_ray(
         ) from None
 
 
-def _check_reachable(address: str | None, timeout: float = 3.0) -> str | None:
+def check_reachable(address: str | None, timeout: float = 3.0) -> str | None:
     """Fail fast, with a clear message, when a cluster address refuses connections; the GCS
     address to check authentication against, for a "host:port" address.
 

@@ -12,20 +12,16 @@ Ray API; docs/decisions.md says why it is used and what falls back when it canno
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
-from ..jobs.errors import ClusterAuthenticationError, ClusterUnreachableError
+from ..jobs.errors import ClusterAuthenticationError
 from ..placement.capability import HostAdvert
-from .adverts import ADVERT_PREFIX
+from .adverts import ADVERT_PREFIX, parse_advert
 from .config import ClusterConfig, missing_config
 from .constants import CONFIG_KEY
 
 CALL_SECONDS = 5.0
 """How long one read of the control store may take."""
-REACH_SECONDS = 3.0
-"""How long the control store's port may take to accept a connection; the client itself
-retries a dead address for 40 s and logs every attempt."""
 _ALIVE = 0
 """`GcsNodeInfo.state` of a live node."""
 
@@ -56,16 +52,9 @@ class ControlStore:
         from ray._raylet import GcsClient
         from ray.exceptions import AuthenticationError
 
-        from .connection import auth_message, quiet_stderr
+        from .connection import auth_message, check_reachable, quiet_stderr
 
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=REACH_SECONDS):
-                pass
-        except (OSError, ValueError) as error:
-            raise ClusterUnreachableError(
-                f"cannot reach the Ray cluster at {address!r}: {error}"
-            ) from None
+        check_reachable(address)  # the client itself retries a dead address for 40 s
         try:
             with quiet_stderr():  # Ray's C++ client logs a refused token to stderr
                 self._client: Any = GcsClient(address=address)
@@ -92,12 +81,9 @@ class ControlStore:
         nodes = self._client.get_all_node_info(timeout=CALL_SECONDS)
         alive = {node_id.hex() for node_id, info in nodes.items() if info.state == _ALIVE}
         found: dict[str, HostAdvert] = {}
-        for value in raw.values():
-            try:
-                advert = HostAdvert.model_validate_json(value)
-            except ValueError:
-                continue
-            if advert.node_id in alive:
+        for key, value in raw.items():
+            advert = parse_advert(key, value)
+            if advert is not None and advert.node_id in alive:
                 found[advert.name] = advert
         return found
 

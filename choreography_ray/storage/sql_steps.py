@@ -268,10 +268,10 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         million rows of a running job, against 0.09 s)."""
         check_id(job_id, "job id")
         if not verify:
-            return await self._run(self._count_columns, job_id)
+            return await self._run(self._count_statuses, job_id)
         return await self._run(self._count_by_status, job_id)
 
-    def _count_columns(self, job_id: str) -> StepCounts:
+    def _count_statuses(self, job_id: str) -> StepCounts:
         c = steps_table.c
         statement = (
             select(c.status, func.count()).where(self._where(job_id, None)).group_by(c.status)

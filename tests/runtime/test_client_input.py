@@ -357,7 +357,7 @@ def token_cluster(monkeypatch):
     monkeypatch.setattr(ray._raylet, "GcsClient", refusing)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(connection, "_check_reachable", lambda address: "10.0.0.1:6379")
+    monkeypatch.setattr(connection, "check_reachable", lambda address: "10.0.0.1:6379")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     return "10.0.0.1:6379"
 
