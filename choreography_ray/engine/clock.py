@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -62,6 +65,21 @@ class FakeClock:
             await settle()
         self._now = target
         await settle()
+
+
+async def within(clock: Clock, seconds: float, awaitable: Awaitable[T]) -> T:
+    """`awaitable`'s answer, or `TimeoutError` once `seconds` passed on `clock` (the
+    awaitable is then cancelled; work in a thread runs on, unheard)."""
+    task = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise TimeoutError(f"no answer within {seconds:g} s")
 
 
 async def settle(rounds: int = 20) -> None:

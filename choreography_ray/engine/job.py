@@ -137,9 +137,12 @@ class JobActivation:
         """Outcomes queued or being counted (timers waiting on the clock do not count)."""
         return bool(self._inbox) or (self._drain_task is not None and not self._drain_task.done())
 
-    async def snapshot(self) -> JobState:
-        async with self._core.turn:
-            return self._record.state.model_copy(deep=True)
+    def peek(self) -> JobState | None:
+        """A copy of the job's record between two operations; None while one runs (it may
+        be waiting on storage: a reader then reads storage instead of waiting behind it)."""
+        if self._core.turn.locked():
+            return None
+        return self._record.state.model_copy(deep=True)
 
     def drop(self) -> None:
         """Let go without writing anything (the host shuts down): every background task ends."""

@@ -13,8 +13,8 @@ import asyncio
 import builtins
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -27,6 +27,7 @@ from ..jobs.errors import (
     ResumeJobSuccess,
     ShuttingDownError,
     StartJobError,
+    StorageUnavailableError,
     UnknownTypeError,
     VersionConflictError,
 )
@@ -40,12 +41,19 @@ from ..jobs.status import (
 )
 from ..storage.protocols import JobQuery, StepCounts
 from .cleanup import Cleanup, CleanupReport
+from .clock import within
 from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
 
+T = TypeVar("T")
+
 _WAIT_POLL = 0.25
 """How often `wait_finished` reads a job that another host runs."""
+
+READ_SECONDS = 4.0
+"""How long a reading call (`get`, `list`, `step_counts`) waits for storage: during an outage
+it answers `StorageUnavailableError` within this bound, never behind a write that waits."""
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -248,19 +256,31 @@ class JobsManager:
         return await activation.start(request)
 
     async def get(self, job_id: str) -> JobState:
+        """The job as its live activation holds it between operations, else as stored."""
         live = self._activations.get(job_id)
         if live is not None and not live.released:
-            return await live.snapshot()
-        state = await self.ctx.storage.jobs.find(job_id)
+            state = live.peek()
+            if state is not None:
+                return state
+        state = await self._read(self.ctx.storage.jobs.find(job_id), f"job {job_id}")
         if state is None:
             raise JobNotFoundError(job_id)
         return state
+
+    async def _read(self, awaitable: Awaitable[T], what: str) -> T:
+        try:
+            return await within(self.ctx.clock, READ_SECONDS, awaitable)
+        except TimeoutError:
+            raise StorageUnavailableError(
+                f"storage did not answer a read of {what} within {READ_SECONDS:g} s"
+            ) from None
 
     async def step_counts(self, job_id: str) -> StepCounts:
         """The job's step records per status, with those that cannot be read counted apart:
         what step storage holds, whatever the job's own progress says."""
         await self.get(job_id)
-        return await self.ctx.storage.steps.count_by_status(job_id)
+        counts = self.ctx.storage.steps.count_by_status(job_id)
+        return await self._read(counts, f"the steps of job {job_id}")
 
     async def wait_finished(self, job_id: str, within: float) -> JobState | None:
         """The job's state once it is finished (None once it was cleared), or its state as it
@@ -295,7 +315,8 @@ class JobsManager:
         self._changed = asyncio.Event()
 
     async def list(self, query: JobQuery | None = None) -> list[JobState]:
-        return await self.ctx.storage.jobs.query(query or JobQuery())
+        found = self.ctx.storage.jobs.query(query or JobQuery())
+        return await self._read(found, "the jobs")
 
     async def stop(self, job_id: str) -> None:
         activation = await self.activate(job_id)

@@ -51,6 +51,14 @@ class StepDispatcher(Protocol):
         back where they are, so none runs twice."""
         ...
 
+    async def unheld(
+        self, job_key: JobKey, job_id: str, by_host: Mapping[str, Sequence[str]]
+    ) -> list[str]:
+        """Of the steps each worker host took (`by_host`), those the host answers it holds no
+        run of: the watchdog's proof that a run ended without storing its outcome. A host that
+        does not answer holds all of its steps, as far as the job can tell."""
+        ...
+
     async def check_placement(
         self, job_key: JobKey, job_type: str, step_types: Sequence[str] = ()
     ) -> None:

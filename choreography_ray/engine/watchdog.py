@@ -3,6 +3,10 @@ ago are read back from storage, so that no step is left waiting on a run or a re
 will never come.
 
 - An outcome stored but never heard (its report was lost) is counted from storage.
+- A step whose worker host answers that it holds no run of it, and whose record holds no
+  outcome, lost its run without storing anything (its outcome's write was refused, say): it
+  is sent again, back to that host. Leases on or off, nothing then waits for a run that
+  ended.
 - With leases on (`step_lease_timeout`), a running step is started again only when the host
   in its lease is not part of the cluster (`Job.get_active_hosts`) **and** its lease expired;
   a step without a lease (not running yet, or written by a release without leases) is started
@@ -86,13 +90,17 @@ class Watchdog:
             if record.released or record.state.status != JobStatus.RUNNING:
                 return 0
             generation = record.state.execution_generation
-            old = [
-                step_id
+            asked = {
+                step_id: (tracked.host, tracked.attempt)
                 for step_id, tracked in ledger.tracked.items()
                 if tracked.since is not None and tracked.since + quiet <= now
-            ]
-        if not old:
+            }
+        if not asked:
             return 0
+        old = list(asked)
+        # Asked before storage is read: a run that stores its outcome meanwhile is then read
+        # as stored, never taken for lost.
+        unheld = await self._unheld(asked)
         steps: list[JobStepState] = []
         for offset in range(0, len(old), PREPARE_BATCH):
             steps.extend(
@@ -112,6 +120,10 @@ class Watchdog:
                 outcome = stored_outcome(step)
                 if outcome is not None:
                     heard.append(outcome)
+                elif step.id in unheld and asked[step.id] == (tracked.host, tracked.attempt):
+                    restart.append((step.id, tracked.attempt))  # back to the host that answered
+                    ledger.sticky[step.id] = tracked.host
+                    del ledger.tracked[step.id]
                 elif leases and self._lost(step, tracked.since or now, hosts, now):
                     restart.append((step.id, tracked.attempt))
                     if hosts is None or tracked.host in hosts:
@@ -138,6 +150,23 @@ class Watchdog:
             await self.stages.advance(dispatch_failures_fail=False)
             await record.save_progress()
             return len(heard) + len(restart)
+
+    async def _unheld(self, asked: dict[str, tuple[str, int]]) -> set[str]:
+        """Which of the old starts their worker host holds no run of (it answered so)."""
+        by_host: dict[str, list[str]] = {}
+        for step_id, (host, _) in asked.items():
+            if host:
+                by_host.setdefault(host, []).append(step_id)
+        if not by_host:
+            return set()
+        core = self.core
+        try:
+            return set(await core.ctx.dispatcher.unheld(core.ctx.key, core.id, by_host))
+        except Exception as error:  # no answer proves nothing: nothing is sent again
+            core.log.warning(
+                "job %s: the watchdog could not ask the worker hosts: %s", core.id, error
+            )
+            return set()
 
     def _lost(
         self, step: JobStepState, since: datetime, hosts: frozenset[str] | None, now: datetime

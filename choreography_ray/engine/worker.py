@@ -7,12 +7,15 @@ its own slot; slots are shared round-robin between the jobs that have queued run
 (`run_queue.RunQueue`), so a small job is never starved by a large one. Outcomes go through the
 group-committing `StepWriter`; only once an outcome is durable is it reported to the job, in
 batches per job (`outbox.Outbox`).
+
+While storage refuses the writer's batches, the worker starts no new run: the runs that perform
+finish, their outcomes wait in the writer, and queued runs wait for the first write that
+succeeds. Work done during an outage is then never lost, and never done for nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +26,7 @@ from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeKind, TypeRegistry
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
+from .backoff import Backoff
 from .clock import Clock
 from .messages import (
     SettledStops,
@@ -39,7 +43,7 @@ from .run import StepRun
 from .run_host import CallbackRejected, RunKey, StepMetrics, SyncStepRunner
 from .run_queue import RunQueue
 from .stored_steps import prepared_record, running_elsewhere, settled
-from .writer import StepWriter, Tracked
+from .writer import StepWriter, StepWriters, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -82,7 +86,15 @@ class StepWorker:
         self._queue = RunQueue()
         self._performing = 0
         self._runners = 0
-        self._writers: dict[JobKey, StepWriter] = {}
+        self.writers = StepWriters(
+            storage_for,
+            clock,
+            lambda: Backoff.between(
+                options.transient_retry_base_delay, options.max_transient_retry_delay
+            ),
+            on_stale=self._stale,
+            on_free=self._writers_free,
+        )
         self.outbox = Outbox(reporter, options, clock, lambda: self.closed)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
@@ -92,12 +104,12 @@ class StepWorker:
     # -- plumbing ---------------------------------------------------------------------------
 
     def writer_for(self, key: JobKey) -> StepWriter:
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = StepWriter(
-                key, self.storage_for(key), on_stale=functools.partial(self._stale, key)
-            )
-        return writer
+        return self.writers.for_key(key)
+
+    def _writers_free(self) -> None:
+        """A batch was written and runs may start: the queue goes on where it waited."""
+        if self._queue and self._runners < self.max_parallel_steps:
+            self._pump()
 
     def _stale(self, job_key: JobKey, record: Tracked) -> None:
         """The record of a run changed in storage under it (another host runs the step now,
@@ -135,10 +147,7 @@ class StepWorker:
 
     def write_stats(self) -> dict[str, int]:
         """Step records this worker wrote, and in how many batches."""
-        return {
-            "step_batches": sum(w.flushes for w in self._writers.values()),
-            "step_rows": sum(w.records_written for w in self._writers.values()),
-        }
+        return self.writers.stats()
 
     @property
     def active_runs(self) -> int:
@@ -150,10 +159,14 @@ class StepWorker:
         threads, outcomes being written, or reports being sent. Async runs that wait on
         something else do not count."""
         return bool(
-            (self._queue and self._performing < self.max_parallel_steps)
+            (
+                self._queue
+                and self._performing < self.max_parallel_steps
+                and not self.writers.storage_down
+            )
             or self.sync_runner.in_flight
             or self.outbox.busy
-            or any(w.busy for w in self._writers.values())
+            or self.writers.busy
         )
 
     def runs_of(self, job_id: str) -> list[StepRun]:
@@ -270,7 +283,7 @@ class StepWorker:
     def _pump(self) -> None:
         """Add runners while runs wait and slots are free; each runner takes run after run
         from the queue, so a task is made per slot, not per run."""
-        if self.closed:
+        if self.closed or self.writers.holding_back:
             return
         loop = asyncio.get_running_loop()
         while (
@@ -286,7 +299,10 @@ class StepWorker:
         queue = self._queue
         turn_ends = time.perf_counter() + _TURN_SECONDS
         try:
+            writers = self.writers
             while not self.closed and self._performing < self.max_parallel_steps:
+                if writers.holding_back:
+                    break  # storage first: the next batch written pumps again
                 run = queue.pop()
                 if run is None:
                     break
@@ -394,6 +410,7 @@ class StepWorker:
         """Deactivate: cancel every run without writing or reporting anything more."""
         self.closed = True
         self._queue.clear()
+        self.writers.close()
         for run in list(self._runs.values()):
             run.closed = True
             if run.runner is not None:

@@ -4,6 +4,11 @@ Step runs mark their record dirty; the writer flushes every dirty record of a pa
 `save_many`, then tells each run which of its changes are durable. A record changed twice before
 a flush is written once, with its latest content, so a fast step's Running and outcome writes
 collapse into one. Per-record write order is kept: a record is never in two flushes at once.
+
+Storage that is unavailable (the provider's own retries ran out) is a state, not a loss: the
+batch is held, with every change that arrives meanwhile, and written again after a backoff
+until a write succeeds. The worker is told when the outage begins and ends, and starts no new
+run in between (docs/recovery.md, "Storage outages").
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..jobs.errors import VersionConflictError
+from ..jobs.errors import StorageUnavailableError, VersionConflictError
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
+from .backoff import Backoff
+from .clock import Clock
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -53,16 +60,30 @@ class StepWriter:
         key: JobKey,
         storage: JobsStorage,
         *,
+        clock: Clock,
+        backoff: Backoff,
         max_batch: int = 1000,
         on_stale: Callable[[Tracked], None] | None = None,
+        after_flush: Callable[[StepWriter], None] | None = None,
     ) -> None:
-        """`on_stale` is told of a record that changed in storage under its run, once."""
+        """`on_stale` is told of a record that changed in storage under its run, once;
+        `after_flush` after every batch written or held (`unavailable` says which, `pending`
+        how many records wait)."""
         self.key = key
         self.storage = storage
+        self.clock = clock
+        self.backoff = backoff
         self.max_batch = max_batch
         self.on_stale = on_stale
+        self.after_flush = after_flush
         self._dirty: dict[tuple[str, str], Tracked] = {}
+        self._writing = 0
         self._task: asyncio.Task[None] | None = None
+        self._holding = False
+        self._closed = False
+        self.unavailable: StorageUnavailableError | None = None
+        """The error of the last write while storage refuses them; None while it takes them."""
+        self._down_since = 0.0
         self.flushes = 0
         self.records_written = 0
 
@@ -86,8 +107,15 @@ class StepWriter:
 
     def _schedule(self, record: Tracked) -> None:
         self._dirty[(record.state.job_id, record.state.id)] = record
-        if self._task is None or self._task.done():
+        if (self._task is None or self._task.done()) and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    def close(self) -> None:
+        """The worker shuts down: nothing more is written (held records stay as storage
+        has them, for recovery)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
 
     async def _flush_loop(self) -> None:
         await asyncio.sleep(0)  # let the changes of this loop turn join the batch
@@ -103,13 +131,34 @@ class StepWriter:
             await asyncio.sleep(0)
             if len(self._dirty) == waiting or time.perf_counter() > until:
                 break
-        while self._dirty:
+        while self._dirty and not self._closed:
             batch = list(self._dirty.values())[: self.max_batch]
             for record in batch:
                 del self._dirty[(record.state.job_id, record.state.id)]
-            await self._flush(batch)
+            self._writing = len(batch)
+            try:
+                held = await self._flush(batch)
+            finally:
+                self._writing = 0
+            if not held:
+                if self.after_flush is not None:
+                    self.after_flush(self)
+                continue
+            # Held: the records go back ahead of the changes that came since (a record in
+            # both keeps its place and its latest content), and are tried again later.
+            since = self._dirty
+            self._dirty = {(r.state.job_id, r.state.id): r for r in held}
+            self._dirty.update(since)
+            if self.after_flush is not None:
+                self.after_flush(self)
+            self._holding = True
+            try:
+                await self.clock.sleep(self.backoff.next())
+            finally:
+                self._holding = False
 
-    async def _flush(self, batch: list[Tracked]) -> None:
+    async def _flush(self, batch: list[Tracked]) -> list[Tracked]:
+        """Write `batch`; what is left to hold when storage is unavailable."""
         while batch:
             snapshots = [(record, record.changes, record.state.model_copy()) for record in batch]
             try:
@@ -127,15 +176,45 @@ class StepWriter:
                         remaining.append(record)
                 batch = remaining
                 continue
-            except Exception as error:  # storage down after retries: the runs must know
+            except StorageUnavailableError as error:  # the provider's retries ran out
+                self._down(error, len(batch))
+                return batch
+            except Exception as error:  # not storage being away: the runs must know
+                log.error("step records of %s were refused by storage: %s", self.key, error)
                 for record, _, _ in snapshots:
                     self._fail(record, error)
-                return
+                return []
+            self._up()
             self.flushes += 1
             self.records_written += len(snapshots)
             for (record, sequence, _), version in zip(snapshots, versions, strict=True):
                 self._durable(record, sequence, version)
+            return []
+        return []
+
+    def _down(self, error: StorageUnavailableError, held: int) -> None:
+        first = self.unavailable is None
+        self.unavailable = error
+        if first:
+            self._down_since = time.monotonic()
+            log.warning(
+                "storage refuses step writes of %s (%s); %d record(s) held, written when it "
+                "answers again; no new step starts here meanwhile",
+                self.key,
+                error,
+                held,
+            )
+
+    def _up(self) -> None:
+        if self.unavailable is None:
             return
+        self.unavailable = None
+        self.backoff.reset()
+        log.warning(
+            "storage takes step writes of %s again, after %.1f s",
+            self.key,
+            time.monotonic() - self._down_since,
+        )
 
     def _durable(self, record: Tracked, sequence: int, version: int) -> None:
         record.state.version = version
@@ -169,5 +248,93 @@ class StepWriter:
         record.waiters = []
 
     @property
+    def pending(self) -> int:
+        """Records with a change not yet durable: waiting, being written, or held."""
+        return len(self._dirty) + self._writing
+
+    @property
     def busy(self) -> bool:
+        """Records on their way to storage; not while the writer waits out an outage's
+        backoff, which moves only with the clock."""
+        if self._holding:
+            return False
         return bool(self._dirty) or (self._task is not None and not self._task.done())
+
+
+UNWRITTEN_LIMIT = 2000
+"""Step records whose changes are not yet durable, past which no new run starts: two group
+commits' worth, so writing never waits on running, while the work a lost worker takes with
+it (and that runs again elsewhere) stays bounded — the in-flight window."""
+
+
+class StepWriters:
+    """A worker's group commits, one per partition, and what they tell together: whether a
+    new run may start now — not while storage refuses writes, nor while `limit` records wait
+    to be written."""
+
+    def __init__(
+        self,
+        storage_for: Callable[[JobKey], JobsStorage],
+        clock: Clock,
+        backoff: Callable[[], Backoff],
+        *,
+        on_stale: Callable[[JobKey, Tracked], None],
+        on_free: Callable[[], None],
+    ) -> None:
+        """`on_free` is told after a batch is written while runs may start again."""
+        self._storage_for = storage_for
+        self._clock = clock
+        self._backoff = backoff
+        self._on_stale = on_stale
+        self._on_free = on_free
+        self._writers: dict[JobKey, StepWriter] = {}
+        self._down: set[JobKey] = set()
+        self.limit = UNWRITTEN_LIMIT
+
+    def for_key(self, key: JobKey) -> StepWriter:
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._writers[key] = StepWriter(
+                key,
+                self._storage_for(key),
+                clock=self._clock,
+                backoff=self._backoff(),
+                on_stale=lambda record: self._on_stale(key, record),
+                after_flush=self._flushed,
+            )
+        return writer
+
+    def _flushed(self, writer: StepWriter) -> None:
+        if writer.unavailable is not None:
+            self._down.add(writer.key)
+            return
+        self._down.discard(writer.key)
+        if not self._down:
+            self._on_free()
+
+    @property
+    def storage_down(self) -> bool:
+        """Whether storage refuses some partition's writes now (the worker holds them)."""
+        return bool(self._down)
+
+    @property
+    def holding_back(self) -> bool:
+        """Whether no new run may start now: storage refuses writes, or too many wait."""
+        if self._down:
+            return True
+        return sum(writer.pending for writer in self._writers.values()) >= self.limit
+
+    @property
+    def busy(self) -> bool:
+        return any(writer.busy for writer in self._writers.values())
+
+    def stats(self) -> dict[str, int]:
+        """Step records written, and in how many batches."""
+        return {
+            "step_batches": sum(w.flushes for w in self._writers.values()),
+            "step_rows": sum(w.records_written for w in self._writers.values()),
+        }
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()

@@ -181,6 +181,25 @@ class RayDispatcher:
             held.update(dict.fromkeys(answer, name))
         return held
 
+    async def unheld(
+        self, job_key: JobKey, job_id: str, by_host: Mapping[str, Sequence[str]]
+    ) -> list[str]:
+        names = [name for name in by_host if name in self.routes.workers]
+        calls = [
+            self.routes.call(name, "running_steps", job_key, job_id, list(by_host[name]))
+            for name in names
+        ]
+        gone: list[str] = []
+        for name, answer in zip(
+            names, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(answer, BaseException):
+                continue  # no answer: its runs may live
+            _, running = answer
+            held = set(running)
+            gone.extend(step_id for step_id in by_host[name] if step_id not in held)
+        return gone
+
     async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
         """Every worker host stops its runs of the steps and waits for them. A step a host
         that did not answer may run is timed out, never taken as not running."""

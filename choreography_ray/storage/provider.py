@@ -103,6 +103,10 @@ class StorageProvider(ABC):
         return f"{type(self).__name__}({self.url.redacted!r})"
 
 
+READ_THREADS = 2
+"""Threads of a threaded provider that run reads only (listings, counts)."""
+
+
 class ThreadedProvider(StorageProvider):
     """A provider over a blocking driver: calls run on its own threads, with transient retries.
 
@@ -125,6 +129,7 @@ class ThreadedProvider(StorageProvider):
         self._calls = BlockingCalls(
             threads, f"choreography-{url.dialect}", after_call, after_call_due
         )
+        self._reads = BlockingCalls(READ_THREADS, f"choreography-{url.dialect}-reads")
         retry_args: dict[str, Any] = {
             "attempts": self.options.transient_retry_attempts,
             "base_delay": self.options.transient_retry_base_delay,
@@ -142,8 +147,14 @@ class ThreadedProvider(StorageProvider):
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._calls.submit(self.retry.call, fn, *args)
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """A read on threads of its own: never queued behind a write that waits (for a lock,
+        or for a server that went away), so readers get an answer or a clear error."""
+        return await self._reads.submit(self.retry.call, fn, *args)
+
     async def close(self) -> None:
         self._calls.shutdown()
+        self._reads.shutdown()
 
 
 def provider_class(url: StorageURL) -> type[StorageProvider]:

@@ -23,7 +23,7 @@ The tables and statements are in `sql_schema`, the engines and transient errors 
 URL options (query parameters, removed before the URL reaches the driver):
 
 * SQLite: `synchronous` (OFF, NORMAL, FULL or EXTRA; default NORMAL) and `busy_timeout`
-  (milliseconds; default 30000). The database runs in WAL mode; its directory is created.
+  (milliseconds; default 5000). The database runs in WAL mode; its directory is created.
 * PostgreSQL: `schema`, the schema the tables live in; created if missing. Always driven by
   psycopg 3, whatever driver the scheme names.
 """
@@ -251,7 +251,7 @@ class SqlStorage(ThreadedProvider):
             answer = self._inline(fn, args)
             if answer is not _MISSED:
                 return answer  # type: ignore[return-value]
-        return await self.run(fn, *args)
+        return await self.read(fn, *args)
 
     def is_transient(self, error: BaseException) -> bool:
         return is_transient_error(error)

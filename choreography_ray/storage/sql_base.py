@@ -36,6 +36,8 @@ class SqlUnits(Protocol):
 
     async def run_read(self, fn: Callable[..., T], *args: Any) -> T: ...
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
+
     def autocommit(self) -> Connection: ...
 
     def transaction(
@@ -56,6 +58,7 @@ class SqlRecords:
         self._run = provider.run
         self._quick = provider.run_quick
         self._read = provider.run_read
+        self._listing = provider.read
 
 
 def scalar(provider: SqlUnits, statement: Any) -> int:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, make_url
 from ..jobs.errors import ConfigurationError
 from .url import StorageURL
 
-DEFAULT_BUSY_TIMEOUT_MS = 30_000
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 

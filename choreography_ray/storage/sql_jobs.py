@@ -36,7 +36,7 @@ def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> ColumnElement[bo
 class SqlJobStorage(JobLookup, SqlRecords):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
-        row = await self._quick(self._find, job_id)
+        row = await self._read(self._find, job_id)  # never queued behind a waiting write
         if row is None:
             return None
         return self._codec.decode_job(row[1], row[0], job_id)
@@ -130,13 +130,13 @@ class SqlJobStorage(JobLookup, SqlRecords):
             statement = statement.offset(query.skip)
         if query.take > 0:
             statement = statement.limit(query.take)
-        return await self._run(self._decoded, statement)
+        return await self._listing(self._decoded, statement)
 
     async def count(self, query: JobQuery | None = None) -> int:
         statement = (
             select(func.count()).select_from(jobs_table).where(self._matching(query or JobQuery()))
         )
-        return await self._run(scalar, self.provider, statement)
+        return await self._listing(scalar, self.provider, statement)
 
     async def get_jobs_excluding_finalized_stops(
         self, statuses: Iterable[JobStatus]

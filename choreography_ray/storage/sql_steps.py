@@ -221,7 +221,7 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     async def get_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> list[JobStepState]:
-        return await self._run(self._decoded, job_id, statuses, False)
+        return await self._listing(self._decoded, job_id, statuses, False)
 
     async def get_all_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
@@ -259,7 +259,7 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         statement = (
             select(func.count()).select_from(steps_table).where(self._where(job_id, statuses))
         )
-        return await self._run(scalar, self.provider, statement)
+        return await self._listing(scalar, self.provider, statement)
 
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """With `verify`, reads every record: only reading tells a readable one from one that
@@ -268,8 +268,8 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         million rows of a running job, against 0.09 s)."""
         check_id(job_id, "job id")
         if not verify:
-            return await self._run(self._count_statuses, job_id)
-        return await self._run(self._count_by_status, job_id)
+            return await self._listing(self._count_statuses, job_id)
+        return await self._listing(self._count_by_status, job_id)
 
     def _count_statuses(self, job_id: str) -> StepCounts:
         c = steps_table.c

@@ -4,7 +4,7 @@ Ray). `testing.hooks` is the host actors' hook through which a fault reaches a r
 
 from ..engine.clock import FakeClock
 from .cluster import InProcessCluster
-from .faults import LostAcks, WriteFaults
+from .faults import LostAcks, StorageOutage, WriteFaults
 
 _RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster", "NodeSpec"}
 
@@ -25,5 +25,6 @@ __all__ = [
     "LostAcks",
     "MultiNodeCluster",
     "NodeSpec",
+    "StorageOutage",
     "WriteFaults",
 ]

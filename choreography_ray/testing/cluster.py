@@ -200,6 +200,17 @@ class InProcessCluster:
             for step_id in worker.held(job_key, job_id)
         }
 
+    async def unheld(
+        self, job_key: JobKey, job_id: str, by_host: Mapping[str, Sequence[str]]
+    ) -> list[str]:
+        gone: list[str] = []
+        for name, step_ids in by_host.items():
+            worker = self.workers.get(name)
+            if worker is not None:
+                held = set(worker.running(job_key, job_id, step_ids))
+                gone.extend(s for s in step_ids if s not in held)
+        return gone
+
     # StepPeers
     async def running(
         self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]

@@ -6,6 +6,13 @@
 Every write (job save and removal, step saves and removals, plan saves and deletes) is numbered
 from 1 across the whole cluster; the writes named in `fail_at` raise `StorageUnavailableError`
 without touching storage, as a store that went away mid-operation would.
+
+    outage = StorageOutage()
+    cluster = InProcessCluster(wrap_storage=outage.wrap)
+    outage.begin(); ...; outage.end()
+
+`StorageOutage` is a store that is down for a while: every call, read or write, fails while it
+is on, as against a stopped database server.
 """
 
 from __future__ import annotations
@@ -74,6 +81,56 @@ def _failing(target: Callable[..., Any], faults: WriteFaults, what: str) -> Call
         return await target(*args, **kwargs)
 
     return call
+
+
+@dataclass
+class StorageOutage:
+    """Storage that is down while `down` is set: every call fails with
+    `StorageUnavailableError` and touches nothing, as a stopped server's would."""
+
+    down: bool = False
+    failed: int = 0
+    """Calls refused so far."""
+    failed_writes: int = 0
+
+    def begin(self) -> None:
+        self.down = True
+
+    def end(self) -> None:
+        self.down = False
+
+    def wrap(self, storage: JobsStorage) -> JobsStorage:
+        return JobsStorage(
+            key=storage.key,
+            jobs=_Down(storage.jobs, JOB_WRITES, self, "jobs"),
+            steps=_Down(storage.steps, STEP_WRITES, self, "steps"),
+            plans=_Down(storage.plans, PLAN_WRITES, self, "plans") if storage.plans else None,
+        )
+
+
+class _Down:
+    def __init__(self, inner: Any, writes: Iterable[str], outage: StorageOutage, name: str) -> None:
+        self._inner = inner
+        self._writes = set(writes)
+        self._outage = outage
+        self._name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        target = getattr(self._inner, attribute)
+        if not callable(target) or attribute.startswith("_"):
+            return target
+        outage = self._outage
+        what = f"{self._name}.{attribute}"
+        write = attribute in self._writes
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if outage.down:
+                outage.failed += 1
+                outage.failed_writes += write
+                raise StorageUnavailableError(f"injected outage: {what} refused")
+            return await target(*args, **kwargs)
+
+        return call
 
 
 LOST_ACKS_ENV = "CHOREOGRAPHY_TESTING_LOST_ACKS"

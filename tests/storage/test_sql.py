@@ -239,7 +239,7 @@ def _pragmas(provider: SqlStorage) -> tuple[str, int, int]:
 
 
 def test_sqlite_runs_in_wal_mode_with_normal_sync(sqlite_provider):
-    assert _pragmas(sqlite_provider) == ("wal", 1, 30000)
+    assert _pragmas(sqlite_provider) == ("wal", 1, 5000)
     with sqlite_connection(sqlite_provider) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
