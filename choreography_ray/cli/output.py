@@ -128,6 +128,15 @@ def step_json(step: JobStepState) -> dict[str, Any]:
         "stage": step.stage,
         "status": step.status.name,
         "attempt": step.attempt,
+        "generation": step.generation,
+        "run": None
+        if step.lease is None
+        else {
+            "host": step.lease.host,
+            "node": step.lease.node,
+            "activation": step.lease.activation,
+            "heartbeat": _time(step.lease.heartbeat),
+        },
         "updated": _time(step.status_changes[-1].occurred if step.status_changes else None),
         "error": None
         if error is None

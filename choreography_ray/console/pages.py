@@ -303,8 +303,10 @@ def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datet
         last = step.status_changes[-1].occurred if step.status_changes else None
         host = ""
         if step.lease is not None:
-            beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
-            host = f"{step.lease.host or step.lease.node} (heartbeat {beat})"
+            host = step.lease.host or step.lease.node
+            if step.status == JobStepStatus.RUNNING:
+                beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
+                host = f"{host} (heartbeat {beat})"
         rows.append(
             f'<tr data-step="{e(step.id)}"><td><code>{e(step.id)}</code></td>'
             f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"

@@ -138,6 +138,16 @@ class JobRecord:
         lease = self.ctx.options.job_ownership_lease
         return owner.lease_expires - self.ctx.clock.now() <= lease * 2 / 3
 
+    def lease_lost(self) -> bool:
+        """Whether this host's ownership lease ran out unrenewed (its writes failed, or the
+        host was frozen): another host may own the job now, so this activation must not act
+        on it. Only a write that wins its compare-and-set proves it still owns the job."""
+        me = self.ctx.owner
+        owner = self.state.owner
+        if me is None or owner is None or owner.lease_expires is None:
+            return False
+        return owner.lease_expires <= self.ctx.clock.now()
+
     def release(self, reason: str = "") -> None:
         """Let go of the job: for `reason` (logged), or quietly once it finished."""
         if self.released:

@@ -349,7 +349,10 @@ class StepRun(StepContext):
             return None
         if self._user_state is not None:
             self._set(state=self.worker.registry.dump(self._user_state))
-        self._set(result=result, error=error, lease=None)
+        # The lease stays with the outcome: which run stored it (host, activation; the attempt
+        # and generation are the record's own). A run stopped before it ran has none.
+        lease = self.record.state.lease if self._started is not None else None
+        self._set(result=result, error=error, lease=lease)
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
             self._set(progress=_DONE)
         self._status(status, error)

@@ -47,6 +47,9 @@ class Stages:
         if not self.watchdog.started:
             self.watchdog.start()
         while record.state.status == JobStatus.RUNNING and not record.released:
+            if record.lease_lost():
+                record.release("its ownership lease ran out: another host may own the job")
+                return failed
             if ledger.waiting and ledger.room(self.core.window):
                 failed += await self._dispatch_waiting(dispatch_failures_fail)
                 continue

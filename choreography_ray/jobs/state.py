@@ -229,7 +229,8 @@ class JobStepProgress(_Model):
 
 
 class StepLease(_Model):
-    """Who runs a step and when it last said so."""
+    """Who runs a step and when it last said so; kept with the outcome, it names the run that
+    stored it (with the record's attempt and generation: the run identity)."""
 
     node: str
     activation: str

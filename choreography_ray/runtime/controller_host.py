@@ -195,6 +195,7 @@ class ControllerHost(Host):
         return await rehydrate_within(self.manager(key), within, self.clock)
 
     async def shutdown(self) -> None:
+        self.fence.stop()
         await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
         self.recovery.close()

@@ -20,6 +20,7 @@ from ..recovery.retries import Startup
 from .adverts import advertised_capabilities, node_of, write_advert
 from .config import import_modules
 from .directory import RayDirectory
+from .fence import ray_fence
 from .host_process import cluster_config, configure_logging, tune_gc
 from .remote_storage import RemoteMemoryStorage, open_cluster_storage
 from .routes import Routes
@@ -52,6 +53,9 @@ class Host:
         )
         self._startup = Startup(self._start, self.clock, what=name)
         self._node: tuple[dict[str, str], dict[str, float]] | None = None
+        self.fence = ray_fence(name, node_id, namespace)
+        """Ends this process once it is no longer part of the cluster (runtime/fence.py)."""
+        self.fence.start()
 
     async def ready(self) -> int:
         """Wait until the host has started (storage open, routing table read, and for a

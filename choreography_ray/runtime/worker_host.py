@@ -141,6 +141,7 @@ class WorkerHost(Host):
         }
 
     async def shutdown(self) -> None:
+        self.fence.stop()
         await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
         await self.worker.close()

@@ -141,6 +141,14 @@ class InProcessCluster:
         if tell:
             await self.hosts_lost({name})
 
+    async def partition_worker(self, name: str) -> StepWorker:
+        """The worker host is declared dead while its process runs on (a partition, a frozen
+        node): it leaves the cluster and every manager sends its steps again elsewhere, but
+        its runs go on, and may still write and report. Returns it, for the test to close."""
+        worker = self.workers.pop(name)
+        await self.hosts_lost({name})
+        return worker
+
     async def hosts_lost(self, names: set[str]) -> int:
         affected = 0
         for manager in list(self.managers.values()):
