@@ -6,7 +6,13 @@ from ..engine.clock import FakeClock
 from .cluster import InProcessCluster
 from .faults import LostAcks, StorageOutage, WriteFaults
 
-_RAY_CLUSTER = {"ClusterNode", "HealthChecks", "MultiNodeCluster", "NodeSpec"}
+_RAY_CLUSTER = {
+    "ClusterNode",
+    "ControlStoreOnRedis",
+    "HealthChecks",
+    "MultiNodeCluster",
+    "NodeSpec",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -18,7 +24,8 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "ClusterNode",  # loaded on first use (see __getattr__), like the other two
+    "ClusterNode",  # loaded on first use (see __getattr__), like the other Ray ones
+    "ControlStoreOnRedis",
     "FakeClock",
     "HealthChecks",
     "InProcessCluster",

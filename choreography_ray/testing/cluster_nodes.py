@@ -4,6 +4,7 @@ import neither Ray nor the runtime."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +45,28 @@ class HealthChecks:
     def detection_seconds(self) -> float:
         """The longest Ray should take to declare a killed node dead."""
         return (self.period_ms * self.failure_threshold + self.timeout_ms) / 1000
+
+
+@dataclass(frozen=True)
+class ControlStoreOnRedis:
+    """Ray's GCS fault tolerance: the head's control store keeps its tables in Redis, under a
+    key namespace of its own, so a control store killed and started again reads them back,
+    while running actors and their calls carry on. `reconnect_seconds` is how long raylets and
+    workers wait for it to come back before they give up and exit: Ray's
+    `gcs_rpc_server_reconnect_timeout_s` (60 s by default), read from every node's
+    environment (set in the head's system config only, raylets still exited after 60 s)."""
+
+    redis: str = "127.0.0.1:6379"
+    namespace: str = field(default_factory=lambda: f"choreography-test-{uuid.uuid4().hex[:12]}")
+    reconnect_seconds: int = 120
+
+    def env(self) -> dict[str, str]:
+        """The environment Ray's processes read it from (the head's the first two)."""
+        return {
+            "RAY_REDIS_ADDRESS": self.redis,
+            "RAY_external_storage_namespace": self.namespace,
+            "RAY_gcs_rpc_server_reconnect_timeout_s": str(self.reconnect_seconds),
+        }
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ in about a second and a half instead of about fifteen.
         cluster.remove_node("worker")       # SIGKILL of the last worker node's processes
         cluster.kill_host(name)             # SIGKILL of one host actor's process
         cluster.restart()                   # the whole cluster again, over the same storage
+        node_id, pids = cluster.freeze_node("worker")  # SIGSTOP of its raylet: declared dead
+        cluster.thaw_node(node_id)          # SIGCONT: the raylet learns it is dead and exits
+
+With `control_store=ControlStoreOnRedis()` the head runs Ray's GCS fault tolerance on a Redis
+server (a key namespace of its own, deleted on shutdown): `kill_control_store()` and
+`start_control_store()` then restart the control store under a running cluster.
 
 Faults are abrupt (SIGKILL), as real ones are. The helper kills only processes of its own
 cluster, never another Ray on the machine, and keeps off Ray's "current cluster" address file,
@@ -45,6 +51,7 @@ from ..runtime.directory import actor_names
 from ..storage.url import StorageURL
 from .cluster_nodes import (
     ClusterNode,
+    ControlStoreOnRedis,
     HealthChecks,
     NodeSpec,
     Role,
@@ -79,6 +86,7 @@ class MultiNodeCluster:
         health: HealthChecks | None = None,
         node_timeout: float = 30.0,
         allow_no_worker: bool = False,
+        control_store: ControlStoreOnRedis | None = None,
     ) -> None:
         self.storage = _durable_storage(storage)
         self.layout: tuple[NodeSpec, ...] = checked_layout(nodes, allow_no_worker)
@@ -93,6 +101,10 @@ class MultiNodeCluster:
         self._nodes: dict[str, tuple[ClusterNode, Any]] = {}
         self._removed_at: dict[str, float] = {}
         self._jobs: Jobs | None = None
+        self.control_store = control_store
+        self._saved_env: dict[str, str | None] = {}
+        self._frozen: dict[str, int] = {}
+        """Raylet process of each frozen node, by node id."""
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -137,9 +149,14 @@ class MultiNodeCluster:
         self._jobs = None
         if cluster is None:
             return
-        workers = children(*self.process_ids(PROCESS_TYPE_RAYLET))
+        raylets = self.process_ids(PROCESS_TYPE_RAYLET)
+        workers = children(*raylets)
         with contextlib.suppress(Exception):
             ray.shutdown()
+        for pid in raylets:  # stopped, a raylet starts no worker that the list below misses
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        workers |= children(*raylets)
         with _ray_address_file_untouched():
             for node in [*cluster.worker_nodes]:
                 with contextlib.suppress(Exception):
@@ -150,14 +167,38 @@ class MultiNodeCluster:
             with contextlib.suppress(Exception):
                 cluster.shutdown()  # resets what Ray keeps of it in this process
         # The worker processes go with their nodes (some take seconds to notice on their own).
-        for pid in workers:
+        for pid in [*workers, *self._frozen.values()]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         still_running(workers, _EXIT_SECONDS)
         self._nodes.clear()
         self._removed_at.clear()
+        self._frozen.clear()
+        self._forget_control_store()
+
+    def _forget_control_store(self) -> None:
+        """Delete the control store's keys from Redis and put the environment back."""
+        if self.control_store is None or not self._saved_env:
+            return
+        from ray._private.gcs_utils import cleanup_redis_storage
+
+        host, _, port = self.control_store.redis.rpartition(":")
+        with contextlib.suppress(Exception):
+            cleanup_redis_storage(host, int(port), "", False, self.control_store.namespace)
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
 
     def _start_nodes(self) -> None:
+        if self.control_store is not None:
+            # The head's processes (and a control store started again later) read it from
+            # their environment, inherited from this process.
+            for name, value in self.control_store.env().items():
+                self._saved_env.setdefault(name, os.environ.get(name))
+                os.environ[name] = value
         with _ray_address_file_untouched():
             self._cluster = Cluster(shutdown_at_exit=True)
             for index, spec in enumerate(self.layout):
@@ -238,22 +279,7 @@ class MultiNodeCluster:
         """Kill every process of a node at once (SIGKILL), as a machine that dies; returns its
         node id once they are gone. `which` is a node id, or a role: the last node that declares
         it. The head, which the driver is attached to, cannot be removed."""
-        entry = self._nodes.get(which)
-        if entry is None:
-            candidates = [
-                node
-                for node, _ in self._nodes.values()
-                if not node.head and takes(node.role, which)
-            ]
-            if not candidates:
-                raise ValueError(
-                    f"no node to remove for {which!r}: neither a node id of this cluster nor a "
-                    "role that a node besides the head declares"
-                )
-            entry = self._nodes[candidates[-1].node_id]
-        described, node = entry
-        if described.head:
-            raise ValueError("the head node cannot be removed: the driver is attached to it")
+        described, node = self._entry(which)
         assert self._cluster is not None
         workers = children(node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid)
         self._cluster.remove_node(node, allow_graceful=False)
@@ -267,6 +293,63 @@ class MultiNodeCluster:
         self._removed_at[described.node_id] = time.monotonic()
         del self._nodes[described.node_id]
         return described.node_id
+
+    def freeze_node(self, which: str) -> tuple[str, set[int]]:
+        """Stop a node's raylet (SIGSTOP), as a machine that hangs or is cut off: Ray declares
+        the node dead while its other processes run on. Returns its node id and the worker
+        processes (its host actors among them) that were running on it. `which`: a node id or
+        a role (the last node that declares it; never the head)."""
+        described, node = self._entry(which)
+        raylet = node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid
+        workers = children(raylet)
+        os.kill(raylet, signal.SIGSTOP)
+        self._frozen[described.node_id] = raylet
+        self._removed_at[described.node_id] = time.monotonic()
+        return described.node_id, workers
+
+    def thaw_node(self, node_id: str) -> None:
+        """Let a frozen node's raylet run again (SIGCONT): declared dead meanwhile, it exits;
+        the node counts as removed."""
+        raylet = self._frozen.pop(node_id)
+        os.kill(raylet, signal.SIGCONT)
+        if still_running({raylet}, 30):
+            os.kill(raylet, signal.SIGKILL)
+        entry = self._nodes.pop(node_id, None)
+        if entry is not None and self._cluster is not None:
+            with _ray_address_file_untouched(), contextlib.suppress(Exception):
+                self._cluster.remove_node(entry[1], allow_graceful=False)  # its other processes
+
+    def kill_control_store(self) -> None:
+        """Kill the head's control store (its GCS server), as a head process that crashes."""
+        assert self._cluster is not None and self._cluster.head_node is not None
+        self._cluster.head_node.kill_gcs_server()
+
+    def start_control_store(self) -> None:
+        """Start the control store again, on its port; with `control_store` on Redis it reads
+        its tables back and the cluster carries on."""
+        assert self._cluster is not None and self._cluster.head_node is not None
+        with _ray_address_file_untouched():
+            self._cluster.head_node.start_gcs_server()
+
+    def _entry(self, which: str) -> tuple[ClusterNode, Any]:
+        """The node `which` names: a node id, or a role (the last node besides the head
+        that declares it)."""
+        entry = self._nodes.get(which)
+        if entry is None:
+            candidates = [
+                node
+                for node, _ in self._nodes.values()
+                if not node.head and takes(node.role, which) and node.node_id not in self._frozen
+            ]
+            if not candidates:
+                raise ValueError(
+                    f"no node for {which!r}: neither a node id of this cluster nor a role "
+                    "that a node besides the head declares"
+                )
+            entry = self._nodes[candidates[-1].node_id]
+        if entry[0].head:
+            raise ValueError("the head node cannot be removed: the driver is attached to it")
+        return entry
 
     def wait_node_dead(self, node_id: str, timeout: float | None = None) -> float:
         """Wait until Ray declares a removed node dead; returns the seconds from its removal.

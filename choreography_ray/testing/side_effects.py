@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -59,7 +60,7 @@ class RecordRun(JobStep[Effects, Effects, int], name="choreography.testing.recor
         return request
 
     async def perform(self, state: Effects, ctx: StepContext) -> int:
-        await asyncio.to_thread(_record, state.table, ctx.job_id, ctx.step_id, state.n)
+        await asyncio.to_thread(_record, state.table, ctx.job_id, ctx.step_id, state.n, _node())
         try:
             if state.step_seconds > 0:
                 await asyncio.sleep(state.step_seconds)
@@ -91,7 +92,8 @@ class RecordRuns(Job[Effects], name="choreography.testing.record-runs"):
 
 @dataclass(frozen=True)
 class Run:
-    """One run of a step, as it began: `seq` orders runs across every process."""
+    """One run of a step, as it began: `seq` orders runs across every process; `node` is the
+    Ray node it ran on (empty outside Ray)."""
 
     seq: int
     job_id: str
@@ -99,12 +101,21 @@ class Run:
     n: int
     run: str
     at: float
+    node: str = ""
 
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT, "
-    "step_id TEXT, n INTEGER, run TEXT, at REAL)"
+    "step_id TEXT, n INTEGER, run TEXT, at REAL, node TEXT DEFAULT '')"
 )
+
+
+def _node() -> str:
+    """The Ray node this process runs on, when it runs in Ray."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -113,12 +124,12 @@ def _connect(path: str) -> sqlite3.Connection:
     return connection
 
 
-def _record(path: str, job_id: str, step_id: str, n: int) -> None:
+def _record(path: str, job_id: str, step_id: str, n: int, node: str = "") -> None:
     with _connect(path) as connection:
         connection.execute(_SCHEMA)
         connection.execute(
-            "INSERT INTO runs (job_id, step_id, n, run, at) VALUES (?, ?, ?, ?, ?)",
-            (job_id, step_id, n, uuid.uuid4().hex, time.time()),
+            "INSERT INTO runs (job_id, step_id, n, run, at, node) VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, step_id, n, uuid.uuid4().hex, time.time(), node),
         )
 
 
@@ -140,7 +151,8 @@ class SideEffects:
         """Every run that began after position `after`, in order."""
         with _connect(str(self.path)) as connection:
             rows = connection.execute(
-                "SELECT seq, job_id, step_id, n, run, at FROM runs WHERE seq > ? ORDER BY seq",
+                "SELECT seq, job_id, step_id, n, run, at, node FROM runs WHERE seq > ? "
+                "ORDER BY seq",
                 (after,),
             ).fetchall()
         return [Run(*row) for row in rows]
