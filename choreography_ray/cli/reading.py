@@ -64,7 +64,7 @@ def read_cluster(
         config = store.config(NAMESPACE)
         if config.storage.startswith("memory:"):
             return joined()  # served by an actor of the cluster
-        provider = storage_of(config, NAMESPACE, storage)
+        provider = storage_of(config, NAMESPACE, storage, store.package)
         return provider, ClusterReading(config, lambda: store.adverts(NAMESPACE))
 
     def run() -> T:

@@ -25,6 +25,7 @@ from ..runtime.config import (
 from ..runtime.constants import CONTROLLER_PREFIX, WORKER_PREFIX
 from ..runtime.directory import actor_names
 from ..runtime.node_hosts import facts_of, roles_of
+from ..runtime.packages import PackageFetch, fetch_joined
 from ..runtime.remote_storage import open_cluster_storage
 from ..storage.provider import StorageProvider
 from .ports import ClusterSnapshot, HostView, NodeView
@@ -39,14 +40,17 @@ def cluster_storage(
     """The provider of the cluster's storage, with the cluster's job modules imported so their
     records read; `storage`, when given, must be the cluster's own."""
     config = require_config(namespace)
-    return storage_of(config, namespace, storage), config
+    return storage_of(config, namespace, storage, fetch_joined), config
 
 
-def storage_of(config: ClusterConfig, namespace: str, storage: str | None) -> StorageProvider:
+def storage_of(
+    config: ClusterConfig, namespace: str, storage: str | None, fetch: PackageFetch
+) -> StorageProvider:
     """The provider of the storage `config` names, with its job modules imported so their
-    records read; `storage`, when given, must be that one."""
+    records read (from the packages they were submitted with, through `fetch`, when this
+    process lacks them); `storage`, when given, must be that one."""
     check_same_storage(config, storage)
-    _, failed = import_modules(config.modules)
+    _, failed = import_modules(config.modules, packages=config.packages, fetch=fetch, quiet=True)
     if failed:
         raise ConfigurationError(f"cannot import the cluster's job modules: {'; '.join(failed)}")
     return open_cluster_storage(

@@ -44,6 +44,7 @@ from .config import merge, require_config, write_config
 from .constants import NAMESPACE
 from .controller_routing import ControllerRouting
 from .directory import actor_names
+from .packages import runtime_packages
 from .remote import is_host_gone, project_error
 
 T = TypeVar("T")
@@ -94,7 +95,7 @@ class Jobs:
             return
         config = require_config(self.namespace)
         modules = [] if module == "__main__" else [module]
-        updated = merge(config, modules=modules, keys=[key])
+        updated = merge(config, modules=modules, keys=[key], packages=runtime_packages())
         if updated is not config:
             write_config(updated, self.namespace)
             hosts = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -16,6 +17,7 @@ from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
 from .constants import CONFIG_KEY, DOWN_KEY
+from .packages import PackageFetch, use_packages
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -30,6 +32,9 @@ class ClusterConfig(BaseModel):
     """JobsOptions settings that differ from the defaults."""
     modules: list[str] = Field(default_factory=list)
     """Modules every host imports, so job and step types resolve by name."""
+    packages: dict[str, list[str]] = Field(default_factory=dict)
+    """By module: the `gcs://` packages of the runtime env of the process that named it (a
+    `ray job submit --working-dir`), where a process that lacks the module imports it from."""
     keys: list[JobKey] = Field(default_factory=list)
     """Every (scope, namespace) a client has used: the partitions hosts recover."""
     max_parallel_steps: int | None = None
@@ -99,27 +104,67 @@ def taking_down(namespace: str) -> bool:
     return bool(_kv()._internal_kv_exists(DOWN_KEY, namespace=namespace))
 
 
-def import_modules(modules: list[str]) -> tuple[list[str], list[str]]:
+def import_modules(
+    modules: list[str],
+    *,
+    packages: Mapping[str, list[str]] | None = None,
+    fetch: PackageFetch | None = None,
+    quiet: bool = False,
+) -> tuple[list[str], list[str]]:
     """Import the modules that define job types: the ones imported, and the failures (each
-    "module: reason")."""
+    "module: reason"). A module this process does not have is imported from its `packages`
+    when `fetch` reaches them; `quiet` leaves the failures to the caller to tell."""
     imported, failed = [], []
     for name in modules:
         try:
-            importlib.import_module(name)
+            _import(name, (packages or {}).get(name, []), fetch)
             imported.append(name)
         except Exception as error:
-            log.error("could not import job module %r: %s", name, error)
+            if not quiet:
+                log.error("could not import job module %r: %s", name, error)
             failed.append(f"{name}: {type(error).__name__}: {error}")
     return imported, failed
 
 
-def merge(config: ClusterConfig, *, modules: list[str], keys: list[JobKey]) -> ClusterConfig:
+def _import(name: str, packages: list[str], fetch: PackageFetch | None) -> None:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if not packages or fetch is None:
+            raise
+        gone = use_packages(packages, fetch)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            if not gone:
+                raise
+            raise ModuleNotFoundError(
+                f"{error}, and the Ray cluster no longer holds the package it was submitted "
+                f"with ({', '.join(gone)}): install it here, or put it on PYTHONPATH",
+                name=error.name,
+            ) from None
+
+
+def merge(
+    config: ClusterConfig,
+    *,
+    modules: list[str],
+    keys: list[JobKey],
+    packages: list[str] | None = None,
+) -> ClusterConfig:
+    """`config` with `modules` and `keys` added, and `packages` recorded as where each of
+    `modules` comes from; `config` itself when nothing changes."""
     new_modules = [m for m in modules if m not in config.modules]
     new_keys = [k for k in keys if k not in config.keys]
-    if not new_modules and not new_keys:
+    moved = {m: packages for m in modules if packages and config.packages.get(m) != packages}
+    if not new_modules and not new_keys and not moved:
         return config
     return config.model_copy(
-        update={"modules": [*config.modules, *new_modules], "keys": [*config.keys, *new_keys]}
+        update={
+            "modules": [*config.modules, *new_modules],
+            "keys": [*config.keys, *new_keys],
+            "packages": {**config.packages, **moved},
+        }
     )
 
 

@@ -40,6 +40,7 @@ from .config import (
     write_config,
 )
 from .constants import NAMESPACE
+from .packages import runtime_packages
 from .placement import roles_of_node as roles_of_node  # one node's roles: a node that joins
 from .placement import start_hosts, stop_hosts
 from .remote import first_line, last_raised, project_error
@@ -83,7 +84,7 @@ def connect(
         probe_storage(storage)
     init_ray(address, namespace, runtime_env)
     previous = read_config(namespace)
-    config = _wanted_config(previous, storage, options, list(modules))
+    config = _wanted_config(previous, storage, options, list(modules), runtime_packages())
     if previous is None:
         config = config.model_copy(
             update={"max_parallel_steps": max_parallel_steps, "workers_per_node": workers_per_node}
@@ -110,8 +111,10 @@ def _wanted_config(
     storage: str | None,
     options: JobsOptions | None,
     modules: list[str],
+    packages: list[str],
 ) -> ClusterConfig:
-    """The configuration to run with: a new one, or `previous` if nothing changes."""
+    """The configuration to run with: a new one, or `previous` if nothing changes. `packages`
+    are this process's runtime env packages, recorded with `modules` (runtime/packages.py)."""
     if previous is None:
         if storage is None:
             probe_storage(DEFAULT_STORAGE)
@@ -119,6 +122,7 @@ def _wanted_config(
             storage=storage or DEFAULT_STORAGE,
             options=(options or JobsOptions()).model_dump(mode="json", exclude_unset=True),
             modules=modules,
+            packages={m: packages for m in modules} if packages else {},
             keys=[JobKey()],  # the default partition is always recovered
         )
     check_same_storage(previous, storage)
@@ -130,7 +134,7 @@ def _wanted_config(
                 f"it cannot switch to {wanted} while its hosts run (use `choreography down` "
                 "first, or another namespace)"
             )
-    return merge(previous, modules=modules, keys=[])
+    return merge(previous, modules=modules, keys=[], packages=packages)
 
 
 def probe_storage(url: str) -> None:

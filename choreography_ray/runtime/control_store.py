@@ -2,12 +2,13 @@
 joining the cluster.
 
 `jobs list`, `jobs show` and `jobs steps` read the jobs from storage (the truth); of the cluster
-they need only what lies in Ray's key-value store: the configuration (storage URL, job modules)
-and each host's advertisement (what it could not import). Joining the cluster as a driver
-(`ray.init`) to read them starts a core worker and connects it to the raylet: 1.2 s on a calm
-2-core machine and 5-10 s while a large job keeps it busy, against a few milliseconds for one
-connection to the control store. That client (`ray._raylet.GcsClient`) is not a documented
-Ray API; docs/decisions.md says why it is used and what falls back when it cannot be.
+they need only what lies in Ray's key-value store: the configuration (storage URL, job modules),
+each host's advertisement (what it could not import), and the package of a submitted job whose
+modules this process lacks. Joining the cluster as a driver (`ray.init`) to read them starts a
+core worker and connects it to the raylet: 1.2 s on a calm 2-core machine and 5-10 s while a
+large job keeps it busy, against a few milliseconds for one connection to the control store.
+That client (`ray._raylet.GcsClient`) is not a documented Ray API; docs/decisions.md says why
+it is used and what falls back when it cannot be.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .constants import CONFIG_KEY
 
 CALL_SECONDS = 5.0
 """How long one read of the control store may take."""
+PACKAGE_SECONDS = 30.0
+"""How long reading one runtime env package may take (Ray allows up to 512 MiB)."""
 _ALIVE = 0
 """`GcsNodeInfo.state` of a live node."""
 
@@ -68,6 +71,14 @@ class ControlStore:
         if raw is None:
             raise missing_config(namespace)
         return ClusterConfig.model_validate_json(raw)
+
+    def package(self, uri: str) -> bytes | None:
+        """A `gcs://` package Ray uploaded for a runtime env (`PackageFetch`); None when the
+        cluster no longer holds it. Ray keeps packages outside any namespace."""
+        found: bytes | None = self._client.internal_kv_get(
+            uri.encode(), None, timeout=PACKAGE_SECONDS
+        )
+        return found
 
     def adverts(self, namespace: str) -> dict[str, HostAdvert]:
         """The advertisements of the hosts on live nodes, by host name; one that cannot be

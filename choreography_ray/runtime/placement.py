@@ -94,10 +94,11 @@ def _forget_modules(namespace: str, modules: list[str]) -> None:
     """A module no host can import is taken out of the configuration again."""
     config = require_config(namespace)
     bad = set(modules)
-    write_config(
-        config.model_copy(update={"modules": [m for m in config.modules if m not in bad]}),
-        namespace,
-    )
+    kept = {
+        "modules": [m for m in config.modules if m not in bad],
+        "packages": {m: p for m, p in config.packages.items() if m not in bad},
+    }
+    write_config(config.model_copy(update=kept), namespace)
 
 
 STOP_ROUNDS = 3
