@@ -26,6 +26,7 @@ from choreography_ray.jobs import (
     JobStepStatus,
     OwnedElsewhereError,
     ResumeJobSuccess,
+    StatusChange,
     StorageUnavailableError,
 )
 from choreography_ray.recovery import RehydrationReport
@@ -310,14 +311,19 @@ def test_the_sweep_leaves_a_quarantined_job_alone(run, cluster, script, caplog):
     assert "job poison" not in caplog.text
 
 
-def test_a_quarantined_job_a_storage_failure_let_go_is_not_tried_again(run, script, caplog):
-    """An explicit stop of a quarantined job fails to write: its activation lets it go, and
-    recovery after a storage failure finds the job quarantined and ends its attempts."""
+def _faulty_writes_cluster() -> tuple[InProcessCluster, WriteFaults]:
     faults = WriteFaults()
     cluster = InProcessCluster(
         options=JobsOptions(max_parallel_steps=8, max_recovery_attempts=LIMIT),
         wrap_storage=faults.wrap,
     )
+    return cluster, faults
+
+
+def test_a_quarantined_job_a_storage_failure_let_go_is_not_tried_again(run, script, caplog):
+    """An explicit stop of a quarantined job fails to write: its activation lets it go, and
+    recovery after a storage failure finds the job quarantined and ends its attempts."""
+    cluster, faults = _faulty_writes_cluster()
 
     async def scenario():
         async with cluster:
@@ -335,6 +341,66 @@ def test_a_quarantined_job_a_storage_failure_let_go_is_not_tried_again(run, scri
     assert after.quarantine is not None and after.status == JobStatus.RUNNING
     assert "gave up recovering it" not in caplog.text
     assert "is not recovered" not in caplog.text
+
+
+def test_a_quarantine_that_could_not_be_written_is_written_by_the_next_attempt(run, script):
+    cluster, faults = _faulty_writes_cluster()
+
+    async def scenario():
+        async with cluster:
+            await start_blocked(cluster, script, PoisonJob, "poison")
+            for _ in range(LIMIT):
+                await restart(cluster)
+            await cluster.crash()
+            faults.fail_at = {faults.writes + 1}  # the quarantine's write
+            report = await (await cluster.manager().rehydrate())
+            refused = await stored(cluster, "poison")
+            await cluster.advance(60)  # recovery after the storage failure tries again
+            return report, refused, await stored(cluster, "poison")
+
+    report, refused, after = run(scenario())
+    assert report.failed == ["poison"] and refused.quarantine is None
+    assert after.quarantine is not None and after.quarantine.attempts == LIMIT
+    assert POISON.calls == LIMIT
+
+
+def test_a_resume_that_cannot_take_the_job_out_of_quarantine_does_not_run(run, script, poison):
+    cluster, faults = _faulty_writes_cluster()
+
+    async def scenario():
+        async with cluster:
+            [quarantined] = await quarantine(cluster, script, "poison")
+            poison.mode = ""
+            faults.fail_at = {faults.writes + 1}  # the write that takes it out
+            with pytest.raises(StorageUnavailableError):
+                await cluster.manager().resume("poison")
+            await cluster.settle()
+            return quarantined, await stored(cluster, "poison")
+
+    quarantined, after = run(scenario())
+    assert after.version == quarantined.version and after.quarantine is not None
+    assert poison.calls == LIMIT  # the resume ran nothing of the job
+    assert script.ran("poison") == 1
+
+
+def test_a_stop_finished_by_recovery_sets_the_count_back_to_zero(run, cluster, script):
+    async def scenario():
+        await start_blocked(cluster, script, ScenarioJob, "job")
+        await cluster.crash()
+        state = await stored(cluster, "job")
+        state.status = JobStatus.STOPPED  # as a host that died mid-stop left it
+        state.status_changes = [
+            *state.status_changes,
+            StatusChange(status=int(JobStatus.STOPPED), occurred=cluster.clock.now()),
+        ]
+        await cluster.storage().jobs.save(state)
+        report = await (await cluster.manager().rehydrate())
+        return report, await cluster.wait("job")
+
+    report, state = run(scenario())
+    assert report.finished_stops == ["job"]
+    assert state.status == JobStatus.STOPPED and state.stop_finalized
+    assert state.recovery_attempts == 0
 
 
 class FaultyJobs:
