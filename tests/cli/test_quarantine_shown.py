@@ -20,7 +20,7 @@ from choreography_ray.storage.protocols import StepCounts
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 REASON = (
     "10 recoveries in a row did not complete; the last error: the resume hook failed: "
-    "[Errno 2] no such index (FileNotFoundError)"
+    "[tenant-7] has no index (FileNotFoundError)"
 )
 
 runner = CliRunner()
@@ -98,12 +98,15 @@ def test_jobs_show_names_the_partition_in_the_resume_command(stored):
 
 def test_jobs_show_counts_recoveries_that_did_not_complete_before_any_quarantine(stored):
     stored["answer"] = (
-        job(recovery_attempts=2, recovery_error="the resume hook failed: boom"),
+        job(recovery_attempts=2, recovery_error="the resume hook failed: [tenant-7] boom"),
         StepCounts(),
         {},
     )
     output = invoke("jobs", "show", "poisoned-job").output
-    assert "recovery attempts in a row not completed: 2; the last failed: the resume" in output
+    assert (
+        "recovery attempts in a row not completed: 2; the last failed: the resume hook failed: "
+        "[tenant-7] boom" in output
+    )
     assert "quarantined" not in output
     stored["answer"] = (job(), StepCounts(), {})
     assert "recovery attempts" not in invoke("jobs", "show", "poisoned-job").output
