@@ -445,11 +445,10 @@ def _status_write(before: JobState, state: JobState) -> bool:
     return len(state.status_changes) > len(before.status_changes)
 
 
-@pytest.mark.parametrize("how", ["outage", "conflict"])
-def test_recoveries_that_storage_or_another_writer_ended_do_not_count(run, script, how):
-    """Each recovery's count is stored, then its Running write fails: LIMIT + 1 times, which
-    would quarantine the job were those attempts counted."""
-    cluster, jobs = faulty_cluster(how, _status_write)
+def recover_through_faults(run, script, cluster: InProcessCluster, jobs: FaultyJobs) -> Any:
+    """A job interrupted, then recovered while LIMIT + 1 of its writes fail (as `jobs` says):
+    the rehydration's report, the job once recovery after the storage failure is done
+    retrying, and the job once its step was let finish."""
 
     async def scenario():
         async with cluster:
@@ -463,7 +462,15 @@ def test_recoveries_that_storage_or_another_writer_ended_do_not_count(run, scrip
             script.release("job")
             return report, state, await cluster.wait("job")
 
-    report, state, final = run(scenario())
+    return run(scenario())
+
+
+@pytest.mark.parametrize("how", ["outage", "conflict"])
+def test_recoveries_that_storage_or_another_writer_ended_do_not_count(run, script, how):
+    """Each recovery's count is stored, then its Running write fails: LIMIT + 1 times, which
+    would quarantine the job were those attempts counted."""
+    cluster, jobs = faulty_cluster(how, _status_write)
+    report, state, final = recover_through_faults(run, script, cluster, jobs)
     assert report.failed == ["job"] and jobs.left == 0
     assert state.quarantine is None
     assert (state.recovery_attempts, state.recovery_error) == (0, "")
@@ -477,20 +484,7 @@ def test_recoveries_that_completed_but_could_not_store_their_reset_do_not_count(
     cluster, jobs = faulty_cluster(
         "outage", lambda before, state: before.recovery_attempts and not state.recovery_attempts
     )
-
-    async def scenario():
-        async with cluster:
-            await start_blocked(cluster, script, ScenarioJob, "job")
-            await cluster.crash()
-            jobs.left = LIMIT + 1
-            report = await (await cluster.manager().rehydrate())
-            for _ in range(8):
-                await cluster.advance(60)
-            state = await stored(cluster, "job")
-            script.release("job")
-            return report, state, await cluster.wait("job")
-
-    report, state, final = run(scenario())
+    report, state, final = recover_through_faults(run, script, cluster, jobs)
     assert report.resumed == ["job"] and jobs.left == 0
     assert state.quarantine is None and state.recovery_attempts == 0
     assert final.status == JobStatus.COMPLETED_SUCCESSFULLY
