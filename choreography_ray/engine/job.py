@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -184,9 +185,8 @@ class JobActivation:
         A caller's resume takes the job out of quarantine first; a resume that completes sets
         the count of recovery attempts back to 0."""
         async with self._core.turn:
-            if not recovering:
-                await quarantine.take_out(self._record)
-            answer = await self._resuming.resume()
+            take_out = None if recovering else partial(quarantine.take_out, self._record)
+            answer = await self._resuming.resume(before=take_out)
             await quarantine.completed(self._record)
             return answer
 

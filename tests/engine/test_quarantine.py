@@ -18,6 +18,7 @@ import pytest
 from choreography_ray.engine.messages import StepReport
 from choreography_ray.engine.quarantine import RecoveryAttempts
 from choreography_ray.jobs import (
+    CannotResumeJobError,
     JobKey,
     JobQuarantinedError,
     JobsOptions,
@@ -25,6 +26,7 @@ from choreography_ray.jobs import (
     JobStatus,
     JobStepStatus,
     OwnedElsewhereError,
+    ResumeJobFailed,
     ResumeJobSuccess,
     StatusChange,
     StorageUnavailableError,
@@ -237,6 +239,30 @@ def test_a_quarantined_job_held_by_a_live_activation_is_not_recovered_either(
     assert report.quarantined == ["poison"] and report.resumed == []
     assert after.version == quarantined.version and after.quarantine == quarantined.quarantine
     assert poison.calls == LIMIT
+
+
+class StubbornPoisonJob(PoisonJob, name="scenario.stubborn-poison-job"):
+    can_resume = False
+
+
+def test_a_resume_the_job_refuses_leaves_it_in_quarantine(run, cluster, script):
+    """A job that allows no resume fails every recovery; a caller's resume is refused as
+    before, and a refused resume changes nothing stored."""
+
+    async def scenario():
+        await start_blocked(cluster, script, StubbornPoisonJob, "stubborn")
+        for _ in range(LIMIT + 1):
+            report = await restart(cluster)
+        quarantined = await stored(cluster, "stubborn")
+        with pytest.raises(ResumeJobFailed) as refused:
+            await cluster.manager().resume("stubborn")
+        return report, quarantined, refused.value, await stored(cluster, "stubborn")
+
+    report, quarantined, refused, after = run(scenario())
+    assert report.quarantined == ["stubborn"]
+    assert "the job does not allow resuming" in quarantined.quarantine.reason
+    assert refused.code == CannotResumeJobError.JOB_CANNOT_BE_RESUMED
+    assert after.version == quarantined.version and after.quarantine == quarantined.quarantine
 
 
 def test_a_quarantined_job_can_be_stopped_and_removed(run, cluster, script):
