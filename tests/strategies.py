@@ -32,6 +32,7 @@ from choreography_ray.jobs import (
     JobStepStatus,
     Payload,
     PlannedStep,
+    Quarantine,
     StatusChange,
     StepError,
     StepLease,
@@ -230,6 +231,12 @@ def owners() -> st.SearchStrategy[JobOwner]:
     )
 
 
+def quarantines() -> st.SearchStrategy[Quarantine]:
+    return st.builds(
+        Quarantine, reason=texts(), attempts=st.integers(1, 1000), since=utc_datetimes()
+    )
+
+
 def step_leases() -> st.SearchStrategy[StepLease]:
     return st.builds(StepLease, node=ids(), activation=ids(), heartbeat=utc_datetimes())
 
@@ -307,6 +314,9 @@ def job_states(
         execution_generation=draw(st.integers(0, 1000)),
         pending_drain=draw(st.booleans()),
         owner=draw(maybe(owners())),
+        recovery_attempts=draw(st.integers(0, 1000)),
+        recovery_error=draw(texts()),
+        quarantine=draw(maybe(quarantines())),
         version=draw(versions if versions is not None else st.just(0)),
     )
 

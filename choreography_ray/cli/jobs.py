@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
@@ -49,6 +50,28 @@ def waiting_text(job: Any) -> str:
     """ "waiting for a worker: <reason>" for a job that waits for one, else ""."""
     wait = job.waiting_for_worker
     return f"waiting for a worker: {wait.reason}" if wait is not None else ""
+
+
+def quarantine_lines(job: Any) -> list[str]:
+    """What `jobs show` says of a job recovery gave up on (none for another job): why, and the
+    command that takes it out."""
+    from ..console.reader import quarantine_text
+
+    if job.quarantine is None:
+        return []
+    where = "".join(
+        f" --{name} {value}"
+        for name, value, default in (
+            ("scope", job.key.scope, DEFAULT_SCOPE),
+            ("namespace", job.key.namespace, DEFAULT_NAMESPACE),
+        )
+        if value != default
+    )
+    return [
+        quarantine_text(job),
+        f"recovery no longer resumes it; `choreography jobs resume {job.id}{where}` takes it "
+        "out of quarantine and resumes it",
+    ]
 
 
 def _key_args(scope: str, namespace: str) -> dict[str, str]:
@@ -131,6 +154,14 @@ def jobs_show(
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
     if job.details:
         console.print(job.details)
+    for line in quarantine_lines(job):
+        console.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+    if job.recovery_attempts and job.quarantine is None:
+        error = f"; the last failed: {job.recovery_error}" if job.recovery_error else ""
+        console.print(
+            escape(f"recovery attempts in a row not completed: {job.recovery_attempts}{error}"),
+            soft_wrap=True,
+        )
     if job.waiting_for_worker is not None:
         since = f"{job.waiting_for_worker.since:%Y-%m-%d %H:%M:%S}"
         console.print(f"[yellow]{waiting_text(job)}[/yellow] (since {since})", soft_wrap=True)

@@ -80,6 +80,18 @@ def job_json(job: JobState) -> dict[str, Any]:
         },
         "details": job.details,
         "waiting_for_worker": _waiting(job),
+        "quarantine": _quarantine(job),
+    }
+
+
+def _quarantine(job: JobState) -> dict[str, Any] | None:
+    quarantine = job.quarantine
+    if quarantine is None:
+        return None
+    return {
+        "reason": quarantine.reason,
+        "attempts": quarantine.attempts,
+        "since": _time(quarantine.since),
     }
 
 
@@ -114,6 +126,8 @@ def job_detail_json(job: JobState, counts: StepCounts) -> dict[str, Any]:
         "pending_drain": job.pending_drain,
         "stop_finalized": job.stop_finalized,
         "execution_generation": job.execution_generation,
+        "recovery_attempts": job.recovery_attempts,
+        "recovery_error": job.recovery_error,
     }
 
 

@@ -15,7 +15,14 @@ from ..jobs.status import JobStatus, JobStepStatus
 from ..storage.protocols import StepCounts
 from .html import bar, duration, e, key_params, path, url, when
 from .ports import ACTIONS, ClusterSnapshot
-from .reader import FAILED_STEPS, JobFilter, Page, status_text, waiting_for_worker
+from .reader import (
+    FAILED_STEPS,
+    JobFilter,
+    Page,
+    quarantine_text,
+    status_text,
+    waiting_for_worker,
+)
 
 _NO_STAGES = (
     '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
@@ -131,8 +138,8 @@ def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
             return f"the job is {status.name.lower()}, not running"
         if job.pending_drain:
             return "a drain is under way"
-    if action == "resume" and status != JobStatus.STOPPED:
-        return f"only a stopped job resumes; this one is {status.name.lower()}"
+    if action == "resume" and status != JobStatus.STOPPED and job.quarantine is None:
+        return f"only a stopped or quarantined job resumes; this one is {status.name.lower()}"
     if action == "remove" and (status.is_terminal or status == JobStatus.REMOVING):
         return f"the job is {status.name.lower()}: completed jobs are not removed"
     return ""
@@ -158,6 +165,10 @@ def actions_form(job: JobState, *, enabled: bool, can_drain: bool, token: str) -
             f"{action.capitalize()}</button></form>"
         )
     return '<div class="actions">' + "".join(buttons) + "</div>"
+
+
+def _status(job: JobState) -> str:
+    return job.status.name + (" (quarantined)" if job.quarantine is not None else "")
 
 
 def _stage_bar(stage: JobStageProgress) -> str:
@@ -199,6 +210,8 @@ def job_page(
     else:
         plan = f"{p.total_steps} steps"
     state = []
+    if job.quarantine is not None:
+        state.append(f"{quarantine_text(job)}; Resume takes it out of quarantine")
     wait = waiting_for_worker(job)
     if wait is not None:
         state.append(f"waiting for a worker since {when(wait.since)} UTC: {wait.reason}")
@@ -206,7 +219,7 @@ def job_page(
         state.append("draining: running steps finish, no new step starts")
     if job.status == JobStatus.STOPPED:
         state.append("stop finished" if job.stop_finalized else "stop under way")
-    if job.status.is_running and job.owner is not None:
+    if job.status.is_running and job.owner is not None and job.quarantine is None:
         lease = job.owner.lease_expires
         if lease is not None and lease < now:
             state.append("owner's lease expired: the next sweep or call recovers it")
@@ -215,7 +228,7 @@ def job_page(
     request = e(job.request.model_dump_json() if job.request is not None else "")
     facts = _facts(
         [
-            ("status", f'<span class="status">{e(job.status.name)}</span>'),
+            ("status", f'<span class="status">{e(_status(job))}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
             ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),

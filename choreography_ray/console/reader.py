@@ -22,6 +22,7 @@ from ..jobs.status import (
 )
 from ..storage.protocols import JobQuery, StepCounts
 from ..storage.provider import StorageProvider
+from .html import when
 
 T = TypeVar("T")
 S = TypeVar("S", JobStatus, JobStepStatus)
@@ -167,5 +168,19 @@ def waiting_for_worker(job: JobState) -> Any:
 
 
 def status_text(job: JobState) -> str:
-    """The status, with "(waiting)" while the job waits for a worker host."""
+    """The status, with "(quarantined)" once recovery gave up on the job, or "(waiting)"
+    while it waits for a worker host."""
+    if job.quarantine is not None:
+        return f"{job.status.name} (quarantined)"
     return job.status.name + (" (waiting)" if waiting_for_worker(job) is not None else "")
+
+
+def quarantine_text(job: JobState) -> str:
+    """ "quarantined since <when> UTC after <n> recovery attempts: <reason>", or ""."""
+    quarantine = job.quarantine
+    if quarantine is None:
+        return ""
+    since = when(quarantine.since)
+    return f"quarantined since {since} UTC after {quarantine.attempts} recovery attempts: " + (
+        quarantine.reason
+    )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,6 +30,7 @@ from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJ
 from ..jobs.job import Job
 from ..jobs.state import JobState
 from ..jobs.status import JobStatus
+from . import quarantine
 from .activation import ActivationCore, JobStartResult
 from .context import EngineContext
 from .draining import Draining
@@ -176,11 +178,28 @@ class JobActivation:
                 await self._draining.drain()
             else:
                 await self._stopping.finish_stop()
+            await quarantine.completed(self._record)
 
     async def resume(self, *, recovering: bool = False) -> ResumeJobSuccess:
-        """Resume the job (`recovering` marks a resume by recovery rather than by a caller)."""
+        """Resume the job (`recovering` marks a resume by recovery rather than by a caller).
+        A caller's resume takes the job out of quarantine first; a resume that completes sets
+        the count of recovery attempts back to 0."""
         async with self._core.turn:
-            return await self._resuming.resume()
+            take_out = None if recovering else partial(quarantine.take_out, self._record)
+            answer = await self._resuming.resume(before=take_out)
+            await quarantine.completed(self._record)
+            return answer
+
+    async def count_recovery(self) -> None:
+        """Count a recovery about to begin, by compare-and-set; raises `JobQuarantinedError`
+        (and lets the job go) when it would be one more than `max_recovery_attempts`."""
+        async with self._core.turn:
+            await quarantine.count_attempt(self._record)
+
+    async def recovery_failed(self, error: BaseException) -> None:
+        """Keep on the record why a counted recovery failed (the quarantine's reason)."""
+        async with self._core.turn:
+            await quarantine.failed(self._record, error)
 
     async def hosts_lost(self, hosts: frozenset[str]) -> int:
         """Worker hosts that are gone: the starts they took are sent again (a running job) or

@@ -14,6 +14,7 @@ import builtins
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -23,6 +24,7 @@ from ..jobs.errors import (
     DrainJobResult,
     DrainOutcome,
     JobNotFoundError,
+    JobQuarantinedError,
     OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
@@ -45,6 +47,7 @@ from .clock import within
 from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
+from .quarantine import RecoveryAttempts, refusal
 
 T = TypeVar("T")
 
@@ -92,6 +95,8 @@ class JobsManager:
         self._activating: dict[str, asyncio.Future[JobActivation]] = {}
         self._closed = False
         self._recovery = recovery(self)
+        self.attempts = RecoveryAttempts()
+        """Every recovery of a job here is counted by it first (poison jobs, `quarantine`)."""
         self._cleanup = Cleanup(ctx, self._activations.__contains__)
         self._changed = asyncio.Event()
         """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""
@@ -141,8 +146,9 @@ class JobsManager:
         self._activations[state.id] = activation
         return activation
 
-    async def activate(self, job_id: str) -> JobActivation:
-        """The live activation of a job, loading it from storage when it has none."""
+    async def activate(self, job_id: str, *, recovering: bool = False) -> JobActivation:
+        """The live activation of a job, loading it from storage when it has none. For
+        `recovering` (recovery, a worker's report) a quarantined job is refused, unclaimed."""
         live = self._activations.get(job_id)
         if live is not None and not live.released:
             return live
@@ -155,6 +161,9 @@ class JobsManager:
             state = await self.ctx.storage.jobs.find(job_id)
             if state is None:
                 raise JobNotFoundError(job_id)
+            refused = refusal(state) if recovering else None
+            if refused is not None:
+                raise refused
             if self.ctx.owner is not None:
                 state = await self._claim(state)
             activation = self._new_activation(state)
@@ -348,15 +357,19 @@ class JobsManager:
         live = self._activations.get(job_id)
         if live is None or live.released:
             try:
-                live = await self.activate(job_id)
+                live = await self.activate(job_id, recovering=True)
+                if live.state.status in RUNNING_JOB_STATUSES:
+                    try:  # counted as a recovery: a report may be what activates a poison job
+                        await self.attempts.run(live, partial(live.resume, recovering=True))
+                    except ChoreographyError as error:
+                        log.warning("job %s could not be recovered for a report: %s", job_id, error)
             except JobNotFoundError:
                 log.info("outcomes for job %s, which no longer exists, were dropped", job_id)
                 return
-            if live.state.status in RUNNING_JOB_STATUSES:
-                try:
-                    await live.resume(recovering=True)
-                except ChoreographyError as error:
-                    log.warning("job %s could not be recovered for a report: %s", job_id, error)
+            except JobQuarantinedError as error:
+                # Durable already: a resume that takes the job out of quarantine recounts them.
+                log.warning("outcomes for job %s were not counted: %s", job_id, error)
+                return
         if live.state.status == JobStatus.REMOVING:
             await live.deliver_to_removal(reports)
             return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..jobs.errors import (
@@ -43,7 +43,12 @@ class Resuming:
         self.outcomes = outcomes
         self.recount = recount
 
-    async def resume(self) -> ResumeJobSuccess:
+    async def resume(
+        self, *, before: Callable[[], Awaitable[None]] | None = None
+    ) -> ResumeJobSuccess:
+        """Resume the job; `before` runs once no refusal stopped the resume, before any of it
+        (a caller's resume takes the job out of quarantine there: a refused one changes
+        nothing)."""
         state = self.record.state
         status = state.status
         if status.is_terminal:
@@ -63,12 +68,19 @@ class Resuming:
             raise ResumeJobFailed(
                 "the job does not allow resuming", code=CannotResumeJobError.JOB_CANNOT_BE_RESUMED
             )
-        if status in (JobStatus.PREPARING_JOB, JobStatus.PREPARING_STEPS, JobStatus.STARTING_STEPS):
-            return await self._resume_preparation()
-        if status not in (JobStatus.RUNNING, JobStatus.STOPPED):
+        preparing = status in (
+            JobStatus.PREPARING_JOB,
+            JobStatus.PREPARING_STEPS,
+            JobStatus.STARTING_STEPS,
+        )
+        if not preparing and status not in (JobStatus.RUNNING, JobStatus.STOPPED):
             raise ResumeJobFailed(
                 f"the job is {status.name}", code=CannotResumeJobError.JOB_IS_NOT_PREPARED
             )
+        if before is not None:
+            await before()
+        if preparing:
+            return await self._resume_preparation()
         return await self._resume_running(from_stop=status == JobStatus.STOPPED)
 
     async def _resume_preparation(self) -> ResumeJobSuccess:

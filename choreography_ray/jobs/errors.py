@@ -27,6 +27,7 @@ __all__ = [
     "InvalidRequestError",
     "JobNotFoundError",
     "JobOperationError",
+    "JobQuarantinedError",
     "JobTypesError",
     "MalformedRecordError",
     "NoEligibleJobWorker",
@@ -332,6 +333,19 @@ class OwnedElsewhereError(ChoreographyError):
         self.job_id = job_id
         self.host = host
         self.epoch = epoch
+
+
+class JobQuarantinedError(ChoreographyError):
+    """Raised when recovery, or a worker's report, would activate a job that recovery gave up
+    on (`max_recovery_attempts`); `reason` says why. An explicit resume takes it out."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(
+            f"job {job_id!r} is quarantined: {reason}; `choreography jobs resume {job_id}` "
+            "takes it out"
+        )
+        self.job_id = job_id
+        self.reason = reason
 
 
 class ShuttingDownError(ChoreographyError):

@@ -85,6 +85,9 @@ class JobsOptions(BaseModel):
     step_checkpoint_flush_interval: timedelta = timedelta(seconds=5)
     """An idle step's pending checkpoint is flushed after this; zero disables the timer."""
     max_concurrent_rehydration: int = 8
+    max_recovery_attempts: int = 10
+    """Recoveries of a job begun in a row without one completing before recovery gives up on
+    it and quarantines it (a poison job); an explicit resume takes it out."""
     max_concurrent_cleanup: int = 4
     terminal_job_retention: timedelta | None = timedelta(days=7)
     """Completed and failed jobs older than this are removed; None keeps them forever."""
@@ -223,6 +226,7 @@ class JobsOptions(BaseModel):
         "max_active_steps_per_job",
         "step_checkpoint_batch_interval",
         "max_concurrent_rehydration",
+        "max_recovery_attempts",
         "max_concurrent_cleanup",
         "max_terminal_jobs_per_cleanup",
         "max_concurrent_step_starts",
@@ -242,6 +246,7 @@ class JobsOptions(BaseModel):
     @field_validator(
         "step_checkpoint_batch_interval",
         "max_concurrent_rehydration",
+        "max_recovery_attempts",
         "max_concurrent_cleanup",
         "max_terminal_jobs_per_cleanup",
         "max_concurrent_step_starts",

@@ -180,6 +180,16 @@ class WorkerWait(_Model):
     _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
 
 
+class Quarantine(_Model):
+    """A job recovery gave up on: why, after how many attempts in a row, and since when."""
+
+    reason: str
+    attempts: int
+    since: datetime
+
+    _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
+
+
 class JobState(_Model):
     """The stored record of a job."""
 
@@ -203,6 +213,15 @@ class JobState(_Model):
     owner: JobOwner | None = None
     waiting_for_worker: WorkerWait | None = None
     """Set while no worker host qualifies for the job's steps (`worker_wait_timeout`)."""
+    recovery_attempts: int = 0
+    """Recoveries begun since the last one that completed, counted before each begins (so a
+    host that dies mid-activation counts too); see `max_recovery_attempts`."""
+    recovery_error: str = ""
+    """Why the last counted recovery failed, when it failed with an error (a host that died
+    leaves none); part of the quarantine's reason."""
+    quarantine: Quarantine | None = None
+    """Set once recovery gave up on the job: no recovery and no report activates it again
+    until an explicit resume takes it out."""
     version: int = 0
     """Compare-and-set token: 0 for a record never saved, then the stored version."""
 

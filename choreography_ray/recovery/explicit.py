@@ -31,13 +31,17 @@ class RehydrationSummary:
     finished_stops: int = 0
     skipped: int = 0
     failed: int = 0
+    quarantined: int = 0
+    """Jobs left alone because recovery gave up on them (`choreography jobs resume` one)."""
 
     def line(self) -> str:
         if not self.drained:
             return "rehydration under way; the interrupted jobs keep resuming in the background"
+        quarantined = f", {self.quarantined} quarantined" if self.quarantined else ""
         return (
             f"rehydrated: {self.queued} interrupted, {self.resumed} resumed, "
             f"{self.finished_stops} stops finished, {self.skipped} skipped, {self.failed} failed"
+            f"{quarantined}"
         )
 
 
@@ -70,4 +74,5 @@ async def rehydrate_within(
         finished_stops=len(report.finished_stops),
         skipped=len(report.skipped),
         failed=len(report.failed),
+        quarantined=len(report.quarantined),
     )

@@ -2,7 +2,9 @@
 
 After a host or the cluster restarts, every job left Running or mid-stop in storage is loaded
 and resumed (or its stop finished), oldest first, at most `max_concurrent_rehydration` at once.
-After a storage failure let one job go, the job is brought back alone, with backoff.
+After a storage failure let one job go, the job is brought back alone, with backoff. Every
+recovery is counted on the job first, and a job recovery gave up on (quarantined, see
+`engine.quarantine`) is left alone by all three paths.
 
 This is policy over the manager's public door (`activate`, `live`, `cleanup`); the engine does
 not import it: the manager is handed a `Rehydration` (see `JobsManager(recovery=...)`).
@@ -13,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..engine.manager import INTERRUPTED_STATUSES, JobsManager
-from ..jobs.errors import OwnedElsewhereError, UnknownTypeError
+from ..jobs.errors import JobQuarantinedError, OwnedElsewhereError, UnknownTypeError
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobState
 from ..jobs.status import STOP_STATUSES, JobStatus
@@ -31,6 +34,8 @@ class RehydrationReport:
     finished_stops: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    """Jobs left alone because recovery gave up on them (or gave up now)."""
 
 
 class Rehydration:
@@ -106,13 +111,18 @@ class Rehydration:
         if live is not None and live.has_work:
             report.skipped.append(job_id)
             return
-        activation = await self.manager.activate(job_id)
-        if current.status in STOP_STATUSES:
-            await activation.finish_stop()
-            report.finished_stops.append(job_id)
+        stop = current.status in STOP_STATUSES
+        try:  # a quarantined job is refused here, before anything is claimed or counted
+            activation = await self.manager.activate(job_id, recovering=True)
+            recovery = (
+                activation.finish_stop if stop else partial(activation.resume, recovering=True)
+            )
+            await self.manager.attempts.run(activation, recovery)
+        except JobQuarantinedError as error:
+            log.warning("job %s is not recovered: %s", job_id, error)
+            report.quarantined.append(job_id)
             return
-        await activation.resume(recovering=True)
-        report.resumed.append(job_id)
+        (report.finished_stops if stop else report.resumed).append(job_id)
 
     async def reconcile(self) -> RehydrationReport:
         """The reconciliation sweep: every unfinished job of the partition that no live
@@ -132,6 +142,8 @@ class Rehydration:
                 owner is not None and owner.lease_expires is not None and owner.lease_expires > now
             ):
                 continue  # held by a live activation, here or elsewhere
+            if job.quarantine is not None:
+                continue  # recovery gave up on it: an explicit resume takes it up
             report.queued.append(job.id)
             if self.manager.closed:
                 break
@@ -170,7 +182,11 @@ class Rehydration:
                     return
                 try:
                     state = await self.ctx.storage.jobs.find(job_id)
-                    if state is None or state.status not in INTERRUPTED_STATUSES:
+                    if (
+                        state is None
+                        or state.status not in INTERRUPTED_STATUSES
+                        or state.quarantine is not None
+                    ):
                         return
                     await self._recover(job_id, RehydrationReport())
                     if self.manager.live(job_id) is not None:

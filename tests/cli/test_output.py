@@ -98,6 +98,7 @@ def test_the_json_schema_of_a_job_is_stable():
         "progress",
         "details",
         "waiting_for_worker",
+        "quarantine",
     }
     assert listed["created"] == "2026-05-01T09:00:00Z"
     assert listed["progress"]["failed"] == 10
@@ -111,6 +112,8 @@ def test_the_json_schema_of_a_job_is_stable():
         "pending_drain",
         "stop_finalized",
         "execution_generation",
+        "recovery_attempts",
+        "recovery_error",
     }
     assert shown["step_counts"] == {"FAILED": 10} and shown["unreadable_steps"] == 1
     assert shown["step_records_read"] is True

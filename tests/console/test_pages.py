@@ -99,3 +99,34 @@ def test_the_footer_says_whether_the_console_binds_to_loopback():
     assert "bound to the loopback interface (127.0.0.1:8266)" in footer("127.0.0.1:8266")
     assert "bound to the loopback interface" in footer("[::1]:8266")
     assert "beyond this machine" in footer("0.0.0.0:8266")
+
+
+def test_a_quarantined_job_says_why_and_that_resume_takes_it_out():
+    from choreography_ray.console.reader import JobFilter, Page
+    from choreography_ray.jobs.state import Quarantine
+
+    reason = "3 recoveries in a row did not complete; the last error: <b>boom</b>"
+    lease = NOW - timedelta(seconds=1)
+    poisoned = job(
+        quarantine=Quarantine(reason=reason, attempts=3, since=NOW - timedelta(minutes=1)),
+        owner=JobOwner(host="gone", activation_epoch=1, lease_expires=lease),
+    )
+    page = render(poisoned)
+    assert '<span class="status">RUNNING (quarantined)</span>' in page
+    assert "quarantined since 2026-05-01 11:59:00 UTC after 3 recovery attempts" in page
+    assert "&lt;b&gt;boom&lt;/b&gt;; Resume takes it out of quarantine" in page  # escaped
+    assert "recovers it" not in page  # the sweep leaves it alone, whatever its lease
+    assert '<span class="status">RUNNING</span>' in render(job())
+    listed = pages.jobs_page(JobFilter(), Page([poisoned, job(id="j2")], 2, 0, 50), NOW)
+    assert '<td class="status">RUNNING (quarantined)</td>' in listed
+    assert '<td class="status">RUNNING</td>' in listed
+
+
+def test_resume_is_offered_for_a_quarantined_job_whatever_its_status():
+    from choreography_ray.jobs.state import Quarantine
+
+    quarantine = Quarantine(reason="r", attempts=3, since=NOW)
+    form = pages.actions_form(job(quarantine=quarantine), enabled=True, can_drain=True, token="t")
+    assert 'value="resume">' in form and 'value="stop">' in form
+    form = pages.actions_form(job(), enabled=True, can_drain=True, token="t")
+    assert 'value="resume" disabled' in form

@@ -7,6 +7,7 @@ type this release does not register, and a row that is not JSON.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -128,7 +129,15 @@ def test_recovering_a_running_job_with_unreadable_steps_leaves_it_as_it_is(
     report = run(rehydrate())
 
     assert job_id in report.failed
-    assert _rows(path) == before
+    after = _rows(path)
+    assert after[1:] == before[1:]  # every step record as it was
+    # The job record too, but for the recovery it counted and why that failed (quarantine).
+    counted = json.loads(after[0][-1])
+    assert counted.pop("recovery_attempts") == 1
+    assert "3 step record(s) cannot be read" in counted.pop("recovery_error")
+    stored = json.loads(before[0][-1])
+    assert (stored.pop("recovery_attempts"), stored.pop("recovery_error")) == (0, "")
+    assert counted == stored
     assert run(cluster.manager().get(job_id)).status == JobStatus.RUNNING
     assert {key: script.ran(key) for key in KEYS} == ran
 

@@ -30,6 +30,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "step_checkpoint_batch_interval": ("count", 100),
     "step_checkpoint_flush_interval": ("duration", timedelta(seconds=5)),
     "max_concurrent_rehydration": ("count", 8),
+    "max_recovery_attempts": ("count", 10),
     "max_concurrent_cleanup": ("count", 4),
     "terminal_job_retention": ("retention", timedelta(days=7)),
     "max_terminal_jobs_per_cleanup": ("count", 100),

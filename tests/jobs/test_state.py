@@ -260,6 +260,7 @@ def test_a_job_state_with_every_field_populated_survives_a_json_round_trip(
     state: JobState,
 ) -> None:
     assert state.request is not None and state.plan and state.owner is not None
+    assert state.quarantine is not None
     assert state.progress.stages and state.status_changes
     assert JobState.model_validate_json(state.model_dump_json()) == state
 
@@ -382,6 +383,8 @@ def test_a_minimal_job_record_reads_with_defaults_for_later_fields() -> None:
     assert not state.has_stored_step_plan
     assert not state.stop_finalized
     assert state.stopped_steps_counted == []
+    assert state.recovery_attempts == 0 and state.recovery_error == ""
+    assert state.quarantine is None  # a record of a release without quarantine is not in one
     assert state.version == 0
 
 

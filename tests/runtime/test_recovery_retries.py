@@ -236,6 +236,18 @@ def test_an_explicit_pass_answers_with_counts_once_drained(run) -> None:
     run(scenario())
 
 
+def test_an_explicit_pass_counts_the_quarantined_jobs_it_left_alone(run) -> None:
+    async def scenario() -> RehydrationSummary:
+        drain = asyncio.get_running_loop().create_future()
+        drain.set_result(RehydrationReport(queued=["a", "b"], resumed=["a"], quarantined=["b"]))
+        return await rehydrate_within(Manager(drain), 5, FakeClock())
+
+    summary = run(scenario())
+    assert summary.quarantined == 1
+    assert summary.line().endswith("0 skipped, 0 failed, 1 quarantined")
+    assert "quarantined" not in RehydrationSummary(drained=True, queued=1, resumed=1).line()
+
+
 def test_an_explicit_pass_answers_at_its_bound_while_the_drain_goes_on(run) -> None:
     async def scenario() -> None:
         clock = FakeClock()
