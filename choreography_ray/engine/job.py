@@ -146,6 +146,17 @@ class JobActivation:
             return None
         return self._record.state.model_copy(deep=True)
 
+    async def workers_joined(self, joined: frozenset[str]) -> int:
+        """Worker hosts joined the cluster: the job sends them work at once (see
+        `Stages.workers_joined`)."""
+        async with self._core.turn:
+            if self._record.released:
+                return 0
+            moved = await self._stages.workers_joined(joined)
+            if moved:
+                await self._record.save_progress()
+            return moved
+
     def drop(self) -> None:
         """Let go without writing anything (the host shuts down): every background task ends."""
         self._record.released = True

@@ -154,6 +154,8 @@ class StepLedger:
         self.sticky: dict[str, str] = {}
         """Steps whose last run a recount found on a worker host (its stored lease): the next
         start goes back to that host while it lives, so a run is never doubled elsewhere."""
+        self.urgent: set[str] = set()
+        """Steps sent again after their run was lost: their next start is urgent."""
         self.losses: list[str] = []
         """Every worker host this activation was told it lost, in order: a dispatch answered
         after a loss sends again what went to that host."""
@@ -289,6 +291,7 @@ class StepLedger:
         self.tracked.clear()
         self.waiting.clear()
         self.sticky.clear()
+        self.urgent.clear()
         self.fresh.clear()
         outcomes: list[tuple[int, JobStepStatus]] = []
         pending: Pending = {}

@@ -378,15 +378,23 @@ class JobsManager:
     async def hosts_lost(self, hosts: frozenset[str]) -> int:
         """Worker hosts that are gone: every live activation sends their starts again (or, for
         a job being stopped, counts them stopped). Returns how many steps were affected."""
-        affected = 0
+        return await self._each_live(lambda job: job.hosts_lost(hosts), "lost hosts")
+
+    async def workers_joined(self, hosts: frozenset[str]) -> int:
+        """Worker hosts that joined: every live activation sends them work at once, moving a
+        share of its queued runs. Returns how many runs moved."""
+        return await self._each_live(lambda job: job.workers_joined(hosts), "joined hosts")
+
+    async def _each_live(self, call: Callable[[JobActivation], Awaitable[int]], what: str) -> int:
+        total = 0
         for activation in list(self._activations.values()):
             if activation.released:
                 continue
             try:
-                affected += await activation.hosts_lost(hosts)
+                total += await call(activation)
             except Exception:
-                log.exception("job %s: handling lost hosts failed", activation.id)
-        return affected
+                log.exception("job %s: handling %s failed", activation.id, what)
+        return total
 
     # -- cleanup ------------------------------------------------------------------------------
 

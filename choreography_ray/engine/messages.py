@@ -32,6 +32,9 @@ class StepStart(NamedTuple):
     worker builds the record from it instead of reading it back. The record's version makes
     its first write a compare-and-set against what the job stored, so a record that changed
     meanwhile is found stale, as a read one would be."""
+    urgent: bool = False
+    """A start sent again after its run was lost (its host died, it was moved): the worker
+    queues it ahead of the job's other runs, which arrived after it the first time."""
 
 
 class StartOutcome(IntEnum):
@@ -106,13 +109,18 @@ class SettledStops:
 
 _STEP_STATUSES = {int(status): status for status in JobStepStatus}
 
-PackedStart = tuple[str, int, int, Prepared | None]
+PackedStart = tuple[Any, ...]
+"""A `StepStart`'s fields in order: four for a host without the `work-moves` capability."""
 PackedReport = tuple[Any, ...]
 """A `StepReport`'s fields in order, its status as an int."""
 
 
-def pack_starts(starts: Sequence[StepStart]) -> list[PackedStart]:
-    return [tuple(start) for start in starts]  # type: ignore[misc]
+def pack_starts(starts: Sequence[StepStart], *, urgency: bool = True) -> list[PackedStart]:
+    """Plain tuples; without `urgency` (a host of an older release) the fifth field is left
+    out, as that release reads four."""
+    if urgency:
+        return [tuple(start) for start in starts]
+    return [tuple(start)[:4] for start in starts]
 
 
 def unpack_starts(packed: Sequence[PackedStart]) -> list[StepStart]:

@@ -59,6 +59,12 @@ class StepDispatcher(Protocol):
         does not answer holds all of its steps, as far as the job can tell."""
         ...
 
+    async def give_up(self, job_key: JobKey, job_id: str, shares: Mapping[str, float]) -> list[str]:
+        """Ask each worker host in `shares` to hand back that share of the job's runs it has
+        queued and not started (nothing of them was written): the steps, to be sent to hosts
+        that joined. A host that does not answer keeps its runs."""
+        ...
+
     async def check_placement(
         self, job_key: JobKey, job_type: str, step_types: Sequence[str] = ()
     ) -> None:

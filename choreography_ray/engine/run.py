@@ -62,6 +62,8 @@ class StepRun(StepContext):
         self._unwritten = False
         self._started: float | None = None
         self.holds_slot = False
+        self.urgent = False
+        """Sent again after its run was lost: queued ahead of its job's other runs."""
         self.cancel_work: Callable[[], None] | None = None
         """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None

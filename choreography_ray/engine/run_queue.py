@@ -43,14 +43,18 @@ class RunQueue:
     def __len__(self) -> int:
         return self._size
 
-    def extend(self, job: JobRef, runs: Iterable[StepRun]) -> None:
-        """Queue `runs` of `job` behind the runs it has queued already."""
+    def extend(self, job: JobRef, runs: Iterable[StepRun], *, first: bool = False) -> None:
+        """Queue `runs` of `job` behind the runs it has queued already (`first`: ahead of
+        them, in their order: runs sent again after they were lost)."""
         queue = self._by_job.get(job)
         fresh = queue is None
         if queue is None:
             queue = _JobRuns(job)
         before = len(queue)
-        queue.extend(runs)
+        if first:
+            queue.extendleft(reversed(list(runs)))
+        else:
+            queue.extend(runs)
         added = len(queue) - before
         if not added:
             return
@@ -91,6 +95,22 @@ class RunQueue:
         if not queue:
             self._leave(queue)
         return removed
+
+    def take_last(self, job: JobRef, count: int) -> list[StepRun]:
+        """Take up to `count` of `job`'s queued runs out of the queue, the latest first: the
+        ones that would have waited longest here."""
+        queue = self._by_job.get(job)
+        if queue is None or count <= 0:
+            return []
+        taken = [queue.pop() for _ in range(min(count, len(queue)))]
+        self._size -= len(taken)
+        if not queue:
+            self._leave(queue)
+        return taken
+
+    def queued(self, job: JobRef) -> int:
+        queue = self._by_job.get(job)
+        return len(queue) if queue is not None else 0
 
     def clear(self) -> None:
         self._by_job.clear()

@@ -32,6 +32,44 @@ class Stages:
         self.undelivered: set[str] = set()
         """Steps whose start no worker took, to be sent again: while there are any, a job
         that waits for a worker goes on waiting, whatever other steps a worker took."""
+        self._joined = asyncio.Event()
+        """Set (and replaced) when worker hosts join: undelivered starts go at once."""
+
+    # -- worker hosts that join -------------------------------------------------------------------
+
+    async def workers_joined(self, joined: frozenset[str]) -> int:
+        """Worker hosts joined: starts no worker took go now, not at the next timer, and a
+        share of the runs queued on the job's other hosts moves to them (runs that perform
+        stay where they are). Returns how many runs moved. Call in the job's turn."""
+        joined_event, self._joined = self._joined, asyncio.Event()
+        joined_event.set()
+        ledger = self.ledger
+        used = {t.host for t in ledger.tracked.values() if t.host and t.host not in joined}
+        if not used or self.record.state.status != JobStatus.RUNNING:
+            return 0
+        share = len(joined) / (len(used) + len(joined))
+        core = self.core
+        try:
+            given = await self._outside_turn(
+                core.ctx.dispatcher.give_up(core.ctx.key, core.id, dict.fromkeys(used, share))
+            )
+        except Exception as error:  # nothing moved: the runs stay where they are
+            core.log.warning("job %s: could not move queued runs: %s", core.id, error)
+            return 0
+        if self.record.released or self.record.state.status != JobStatus.RUNNING:
+            return 0  # stopped meanwhile: the stop found no run of those steps, and counted it
+        moved = []
+        hosts = sorted(joined)
+        for step_id in given:
+            entry = ledger.tracked.pop(step_id, None)
+            if entry is not None and step_id not in ledger.counted:
+                moved.append((step_id, entry.attempt))
+                ledger.sticky[step_id] = hosts[len(moved) % len(hosts)]  # to the joined hosts
+        ledger.waiting.extendleft(reversed(moved))
+        if moved:
+            core.log.info("job %s: %d queued run(s) move to joined hosts", core.id, len(moved))
+            await self.advance(dispatch_failures_fail=False)
+        return len(moved)
 
     # -- moving on ------------------------------------------------------------------------------
 
@@ -138,12 +176,15 @@ class Stages:
         chosen: list[StepStart] = []
         generation = self.record.state.execution_generation
         waiting, counted, tracked = ledger.waiting, ledger.counted, ledger.tracked
-        fresh = ledger.fresh
+        fresh, urgent = ledger.fresh, ledger.urgent
         while waiting and len(chosen) < room:
             step_id, attempt = waiting.popleft()
             if step_id in counted or step_id in tracked:
                 continue
-            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None)))
+            again = bool(urgent) and step_id in urgent
+            if again:
+                urgent.discard(step_id)
+            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
         if not chosen:
             return 0
         stage_of = ledger.stage_of
@@ -216,9 +257,9 @@ class Stages:
         """Queue interrupted starts (a lost host's) first, under their attempt; the caller
         advances the job."""
         counted = self.ledger.counted
-        self.ledger.waiting.extendleft(
-            (step_id, attempt) for step_id, attempt in reversed(steps) if step_id not in counted
-        )
+        again = [(step_id, attempt) for step_id, attempt in steps if step_id not in counted]
+        self.ledger.waiting.extendleft(reversed(again))
+        self.ledger.urgent.update(step_id for step_id, _ in again)
 
     async def _outside_turn(self, waiting: Any) -> Any:
         """Await workers' answers without holding the job's turn.
@@ -326,7 +367,13 @@ class Stages:
         return True
 
     async def _send_again(self, batch: list[StepStart], delay: float) -> None:
-        await self.core.ctx.clock.sleep(delay)
+        timer = asyncio.ensure_future(self.core.ctx.clock.sleep(delay))
+        joined = asyncio.ensure_future(self._joined.wait())
+        try:
+            await asyncio.wait((timer, joined), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            joined.cancel()
         async with self.core.turn:
             if self.record.released or self.record.state.status != JobStatus.RUNNING:
                 return

@@ -199,9 +199,26 @@ class StepWorker:
             else self._start_one(job_key, job_id, start, stored.get(start.step_id), queued)
             for start in starts
         ]
-        self._queue.extend((job_key, job_id), queued)
+        job = (job_key, job_id)
+        urgent = [run for run in queued if run.urgent]
+        if urgent:
+            self._queue.extend(job, urgent, first=True)
+            queued = [run for run in queued if not run.urgent]
+        self._queue.extend(job, queued)
         self._pump()
         return results
+
+    def give_up(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
+        """Hand back `share` of the job's queued runs, which have not started (nothing of them
+        was written): its job sends them to a host that joined. The latest go first; runs
+        that perform, or wait for a slot at the front of the queue, stay."""
+        job = (job_key, job_id)
+        count = int(self._queue.queued(job) * max(0.0, min(1.0, share)))
+        given = self._queue.take_last(job, count)
+        for run in given:
+            run.closed = True
+            self.release(run)
+        return [run.step_id for run in given]
 
     def held(self, job_key: JobKey, job_id: str) -> list[str]:
         """Every step of the job with a run here (performing, queued or settling)."""
@@ -247,6 +264,7 @@ class StepWorker:
             )
         record = Tracked(state)
         run = StepRun(self, key, record, step_class, start)
+        run.urgent = start.urgent
         if existing is not None:
             # One run per step: the new one waits for the old one to report its stop.
             previous = existing.done

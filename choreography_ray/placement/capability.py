@@ -15,7 +15,12 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CAPABILITIES: tuple[str, ...] = ("external-plan-storage", "execution-generations", "placement")
+CAPABILITIES: tuple[str, ...] = (
+    "external-plan-storage",
+    "execution-generations",
+    "placement",
+    "work-moves",
+)
 """What this release of a host can do, for clusters that run two releases during an upgrade."""
 
 
@@ -98,6 +103,8 @@ def no_step_host_reason(
 
 
 PLAN_STORAGE = "external-plan-storage"
+WORK_MOVES = "work-moves"
+"""A worker host that queues urgent starts first and hands back queued runs (`give_up`)."""
 
 
 def everywhere(adverts: Iterable[HostAdvert], capability: str) -> bool:

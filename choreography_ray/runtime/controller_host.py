@@ -49,6 +49,7 @@ class ControllerHost(Host):
 
     async def _start(self) -> None:
         self.routes.on_dead(self.recovery.host_gone)
+        self.routes.on_joined(self.recovery.hosts_joined)
         await super()._start()
         await self.recovery.watch_membership(WorkerHost)
         await self._refresh()
@@ -170,7 +171,7 @@ class ControllerHost(Host):
 
     async def activations(self) -> int:
         """How many jobs this host runs now: its part of a controller's headroom."""
-        return sum(len(manager.active_jobs()) for manager in self.managers.values())
+        return sum(len(manager.active_jobs) for manager in self.managers.values())
 
     async def stats(self) -> dict[str, Any]:
         """Peak memory and the storage writes of released job activations (benchmarks)."""

@@ -31,6 +31,8 @@ class ControllerRecovery:
         self.membership: MembershipWatch | None = None
         self.lost_steps = 0
         """Steps sent again (or counted stopped) because their worker host was lost."""
+        self.moved_runs = 0
+        """Queued runs moved to worker hosts that joined."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -83,14 +85,30 @@ class ControllerRecovery:
             except Exception:
                 log.exception("%s: the reconciliation sweep failed; it runs again", host.name)
 
+    def hosts_joined(self, names: list[str]) -> None:
+        """Worker hosts joined (a node the autoscaler added, a host started again): every job
+        here sends them work now, moving a share of the runs queued elsewhere."""
+        workers = frozenset(n for n in names if n.startswith(WORKER_PREFIX))
+        if workers:
+            self._spawn(self._joined(workers))
+
+    async def _joined(self, workers: frozenset[str]) -> None:
+        moved = 0
+        for manager in list(self.host.managers.values()):
+            moved += await manager.workers_joined(workers)
+        self.moved_runs += moved
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def host_gone(self, name: str) -> None:
         """A worker host died (Ray said so on a call, or it left Ray's named actors): its
         steps are sent again at once. One that merely did not answer in time is not taken
         for dead: its runs may still be going."""
         if name.startswith(WORKER_PREFIX):
-            task = asyncio.get_running_loop().create_task(self.hosts_lost({name}))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self.hosts_lost({name}))
 
     async def hosts_lost(self, names: set[str]) -> int:
         """Worker hosts that are gone (died, killed, or their node was lost): every live job

@@ -76,6 +76,7 @@ class ControllerRouting:
             chosen = self._placement.controller(
                 job_type, names, adverts, preferred or local, self._load.get(names, adverts)
             )
+            self._load.started(chosen)
             if self._handle is not None and self._handle_name == chosen:
                 return self._handle
             try:
@@ -144,6 +145,13 @@ class LoadCache:
             self._load = self._read(hosts, adverts)
             self._read_at = now
         return self._load
+
+    def started(self, host: str) -> None:
+        """A job is being started on `host`: counted until the next reading, so that the jobs
+        a client starts within one reading spread out rather than all go to one host."""
+        load = self._load.get(host)
+        if load is not None:
+            self._load[host] = HostLoad(load.available, load.activations + 1)
 
     def _read(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
         """A host that does not answer in time counts as idle: placement is a preference."""

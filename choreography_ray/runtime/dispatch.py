@@ -23,7 +23,7 @@ from ..engine.ports import Dispatched
 from ..engine.step_types import StepTypes
 from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
-from ..placement.capability import HostAdvert
+from ..placement.capability import WORK_MOVES, HostAdvert
 from ..placement.choice import Placement
 from ..placement.spreading import WorkerLoad, WorkerLoads
 from .routes import Routes
@@ -94,7 +94,7 @@ class RayDispatcher:
                 job_key,
                 job_id,
                 job_type,
-                pack_starts(shares[name]),
+                pack_starts(shares[name], urgency=self._moves(name, adverts)),
             )
             for name in names
         ]
@@ -110,6 +110,31 @@ class RayDispatcher:
             dispatched.results.extend(answer)
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
+
+    def _moves(self, name: str, adverts: Mapping[str, HostAdvert]) -> bool:
+        """Whether worker host `name` takes urgent starts and hands back queued runs (a host
+        that has not advertised is taken as an older release, without)."""
+        advert = adverts.get(name)
+        if advert is None:
+            return self.adverts is None  # tests without adverts: every host is this release
+        return WORK_MOVES in advert.capabilities
+
+    async def give_up(self, job_key: JobKey, job_id: str, shares: Mapping[str, float]) -> list[str]:
+        adverts = await self.adverts(list(shares)) if self.adverts is not None else {}
+        names = [n for n in shares if n in self.routes.workers and self._moves(n, adverts)]
+        calls = [
+            self.routes.call(name, "give_up_queued", job_key, job_id, shares[name])
+            for name in names
+        ]
+        given: list[str] = []
+        for name, answer in zip(
+            names, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(answer, BaseException):
+                log.info("worker host %s kept its queued runs: %s", name, answer)
+                continue
+            given.extend(answer)
+        return given
 
     def _ask_loads(self) -> None:
         """Ask every worker host its load, in the background, at most every cadence and only

@@ -66,6 +66,7 @@ class Routes:
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
         self._dead_listeners: list[Callable[[str], None]] = []
+        self._joined_listeners: list[Callable[[list[str]], None]] = []
         self._announced: set[str] = set()
         """Hosts whose death was told, until a reading lists the name again (a new one)."""
         self._refreshing: asyncio.Task[None] | None = None
@@ -87,6 +88,11 @@ class Routes:
         no longer lists it. A host that only did not answer in time is not dead: it stays a
         suspect until it answers again or vanishes."""
         self._dead_listeners.append(listener)
+
+    def on_joined(self, listener: Callable[[list[str]], None]) -> None:
+        """Call `listener(names)` when a reading finds hosts the table did not have (a node
+        that joined, a host started again): where joined workers get their first work."""
+        self._joined_listeners.append(listener)
 
     async def start(self) -> None:
         """Read the table once, then keep it fresh at the cadence until `close`."""
@@ -168,8 +174,12 @@ class Routes:
         self._announced -= set(found)
         self._suspects &= set(found)
         lost = sorted(set(self._handles) - set(handles))
+        joined = sorted(set(handles) - set(self._handles))
         self._handles = handles
         self._changed(lost)
+        if joined and self._keeper is not None:  # not the first reading, at start
+            for listener in self._joined_listeners:
+                listener(joined)
         self._died(vanished)
         self._ping({name: found[name] for name in self._suspects if found[name] is not None})
 

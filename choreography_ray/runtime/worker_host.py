@@ -101,6 +101,11 @@ class WorkerHost(Host):
         await self.ready()
         return self.worker.held(job_key, job_id)
 
+    async def give_up_queued(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
+        """Hand back a share of the job's queued runs, not started, for hosts that joined."""
+        await self.ready()
+        return self.worker.give_up(job_key, job_id, share)
+
     async def running_steps(
         self, job_key: JobKey, job_id: str, step_ids: list[str]
     ) -> tuple[str, list[str]]:

@@ -28,7 +28,7 @@ from ..engine.ports import Dispatched
 from ..engine.run_host import SyncStepRunner
 from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
-from ..jobs.errors import JobNotFoundError
+from ..jobs.errors import JobNotFoundError, NoEligibleJobWorker
 from ..jobs.job import Job
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
@@ -116,6 +116,14 @@ class InProcessCluster:
         """The first worker host (the only one unless the cluster was given more)."""
         return next(iter(self.workers.values()))
 
+    async def join_worker(self, name: str | None = None) -> StepWorker:
+        """A worker host joins a running cluster: every manager hears of it, as the routing
+        table tells them on Ray, and sends it work."""
+        worker = self.add_worker(name)
+        for manager in list(self.managers.values()):
+            await manager.workers_joined(frozenset({worker.host}))
+        return worker
+
     def add_worker(self, name: str | None = None) -> StepWorker:
         """Start a worker host (a new incarnation when `name` was lost before)."""
         name = name or f"worker-{len(self.workers)}"
@@ -168,7 +176,7 @@ class InProcessCluster:
         if self.dispatch_fault is not None:
             raise self.dispatch_fault
         if not self.workers:
-            raise ConnectionError("no worker host is running")
+            raise NoEligibleJobWorker("no worker host is running in this cluster")
         self.start_batches.append(len(starts))
         names = list(self.workers)
         shares: dict[str, list[StepStart]] = {}
@@ -218,6 +226,14 @@ class InProcessCluster:
                 held = set(worker.running(job_key, job_id, step_ids))
                 gone.extend(s for s in step_ids if s not in held)
         return gone
+
+    async def give_up(self, job_key: JobKey, job_id: str, shares: Mapping[str, float]) -> list[str]:
+        given: list[str] = []
+        for name, share in shares.items():
+            worker = self.workers.get(name)
+            if worker is not None:
+                given.extend(worker.give_up(job_key, job_id, share))
+        return given
 
     # StepPeers
     async def running(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from choreography_ray.jobs import NoEligibleJobWorker
+from choreography_ray.placement.choice import HostLoad
 from choreography_ray.runtime import controller_routing
 from choreography_ray.runtime.config import ClusterConfig
 from choreography_ray.runtime.constants import CONTROLLER_PREFIX
@@ -71,3 +72,35 @@ def test_when_no_listed_controller_lives_the_error_names_the_one_chosen(ray_stub
     ray_stub.alive = set()
     with pytest.raises(NoEligibleJobWorker, match="is gone"):
         ControllerRouting("ns").controller_for("t")
+
+
+def test_jobs_a_client_starts_within_one_reading_of_the_load_spread_over_controllers(
+    ray_stub, monkeypatch
+) -> None:
+    """The load is read at most once a second; the jobs a client starts meanwhile count
+    against the host they went to, so idle equal controllers take them in turn instead of
+    all going to this node's (the chaos soak's 13 jobs on one controller)."""
+    monkeypatch.undo()  # the real LoadCache, over a reading of our own
+    ray_stub = Ray([DEAD, LIVE], {DEAD, LIVE})
+    monkeypatch.setattr(controller_routing, "actor_names", ray_stub.names)
+    monkeypatch.setattr(controller_routing, "read_adverts", lambda namespace, hosts: {})
+    monkeypatch.setattr(
+        controller_routing, "require_config", lambda namespace: ClusterConfig(storage="memory://x")
+    )
+    monkeypatch.setattr(controller_routing.ray, "get_actor", ray_stub.get_actor)
+    monkeypatch.setattr(
+        controller_routing.ray,
+        "get_runtime_context",
+        lambda: SimpleNamespace(get_node_id=lambda: "dead-node"),
+    )
+    readings: list[int] = []
+
+    def read(self, hosts, adverts):
+        readings.append(1)
+        return {name: HostLoad({}, 0) for name in hosts}
+
+    monkeypatch.setattr(controller_routing.LoadCache, "_read", read)
+    routing = ControllerRouting("ns")
+    chosen = [routing.controller_for("t").name for _ in range(6)]
+    assert len(readings) == 1  # one reading for all six
+    assert sorted(chosen) == sorted([DEAD, LIVE] * 3)
