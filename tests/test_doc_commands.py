@@ -14,22 +14,21 @@ refuses an option the command does not have.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from itertools import dropwhile
 from pathlib import Path
 
 import pytest
+
+from choreography_ray.testing.processes import kill_marked
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/running.md")
@@ -243,26 +242,7 @@ class Session:
     def stop(self) -> None:
         """Kill every process the session started, the Ray head's included, and wait until
         they are gone (a bare `ray stop` would stop every Ray of the machine)."""
-        marker = f"RAY_TMPDIR={self.tmp}".encode()
-        deadline = time.monotonic() + 30
-        while pids := _started_with(marker):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            assert time.monotonic() < deadline, f"processes of the session still run: {pids}"
-            time.sleep(0.1)
-
-
-def _started_with(marker: bytes) -> list[int]:
-    """The processes whose environment holds `marker` (this session's RAY_TMPDIR)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-    return found
+        kill_marked(f"RAY_TMPDIR={self.tmp}".encode(), timeout=30)
 
 
 @pytest.fixture

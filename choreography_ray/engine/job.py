@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJobSuccess
 from ..jobs.job import Job
 from ..jobs.state import JobState
-from ..jobs.status import JobStatus
+from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from . import quarantine
 from .activation import ActivationCore, JobStartResult
 from .context import EngineContext
@@ -139,6 +139,14 @@ class JobActivation:
         """Outcomes queued or being counted (timers waiting on the clock do not count)."""
         return bool(self._inbox) or (self._drain_task is not None and not self._drain_task.done())
 
+    @property
+    def outstanding(self) -> int:
+        """Steps of a running job with no outcome yet: what it still asks of worker nodes."""
+        if self._record.released or self._record.state.status != JobStatus.RUNNING:
+            return 0
+        ledger = self._core.ledger
+        return max(0, len(ledger.stage_of) - len(ledger.counted))
+
     def peek(self) -> JobState | None:
         """A copy of the job's record between two operations; None while one runs (it may
         be waiting on storage: a reader then reads storage instead of waiting behind it)."""
@@ -200,6 +208,11 @@ class JobActivation:
             answer = await self._resuming.resume(before=take_out)
             await quarantine.completed(self._record)
             return answer
+
+    def let_go(self, reason: str) -> None:
+        """Release the job without writing (a recovery that failed): the next call, report or
+        sweep activates it again from storage."""
+        self._record.release(reason)
 
     async def count_recovery(self) -> None:
         """Count a recovery about to begin, by compare-and-set; raises `JobQuarantinedError`
@@ -308,6 +321,12 @@ class JobActivation:
         """Count a batch of reports and move the job on; the caller holds the turn. Returns
         why finishing a removal failed in this turn, else None."""
         record = self._record
+        if not self._core.ledger.loaded and record.state.status in RUNNING_JOB_STATUSES:
+            # Its steps were never read back (a recovery that has not run, or failed): it
+            # cannot tell a step's first outcome from a repeat, nor the last from another.
+            # The outcomes are in storage; the recovery that loads the steps counts them.
+            record.counters.ignored_reports += len(batch)
+            return None
         handle = self._outcomes.handle
         stages = self._stages
         failed = None

@@ -10,7 +10,6 @@ to the manager as a `Recovery`: the engine does not import it.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -97,7 +96,8 @@ class JobsManager:
         self._recovery = recovery(self)
         self.attempts = RecoveryAttempts()
         """Every recovery of a job here is counted by it first (poison jobs, `quarantine`)."""
-        self._cleanup = Cleanup(ctx, self._activations.__contains__)
+        self.cleanup = Cleanup(ctx, self._activations.__contains__)
+        """Dead-job cleanup and terminal retention (`run`, `dead_jobs`, `terminal_jobs`)."""
         self._changed = asyncio.Event()
         """Set (and replaced) whenever a job of this manager is saved: wakes `wait_finished`."""
         self.writes = {"job_writes": 0, "step_batches": 0, "step_rows": 0}
@@ -108,6 +108,11 @@ class JobsManager:
     @property
     def active_jobs(self) -> list[str]:
         return list(self._activations)
+
+    @property
+    def outstanding_steps(self) -> int:
+        """Steps of the running jobs here with no outcome yet (the autoscaler's demand)."""
+        return sum(activation.outstanding for activation in self._activations.values())
 
     def activation(self, job_id: str) -> JobActivation | None:
         return self._activations.get(job_id)
@@ -361,8 +366,9 @@ class JobsManager:
                 if live.state.status in RUNNING_JOB_STATUSES:
                     try:  # counted as a recovery: a report may be what activates a poison job
                         await self.attempts.run(live, partial(live.resume, recovering=True))
-                    except ChoreographyError as error:
+                    except ChoreographyError as error:  # stored already: recounted later
                         log.warning("job %s could not be recovered for a report: %s", job_id, error)
+                        return
             except JobNotFoundError:
                 log.info("outcomes for job %s, which no longer exists, were dropped", job_id)
                 return
@@ -396,22 +402,6 @@ class JobsManager:
                 log.exception("job %s: handling %s failed", activation.id, what)
         return total
 
-    # -- cleanup ------------------------------------------------------------------------------
-
-    async def cleanup(self) -> CleanupReport:
-        """Dead-job cleanup, then terminal retention; a failure in one never stops the other."""
-        return await self._cleanup.run()
-
-    async def cleanup_dead_jobs(self, report: CleanupReport | None = None) -> builtins.list[str]:
-        """Remove preparing jobs older than the threshold that stored no step and no plan."""
-        return await self._cleanup.dead_jobs(report)
-
-    async def cleanup_terminal_jobs(
-        self, report: CleanupReport | None = None
-    ) -> builtins.list[str]:
-        """Remove completed and failed jobs older than the retention, steps first."""
-        return await self._cleanup.terminal_jobs(report)
-
     # -- recovery -------------------------------------------------------------------------------
 
     async def rehydrate(self) -> asyncio.Task[Any]:
@@ -420,7 +410,7 @@ class JobsManager:
         ends when they all resumed and yields the rehydration's report."""
         if self._closed:
             raise ShuttingDownError("the jobs manager has shut down; rehydration did not run")
-        self._cleanup.schedule()
+        self.cleanup.schedule()
         return await self._recovery.rehydrate()
 
     async def reconcile(self) -> Any:
@@ -435,7 +425,7 @@ class JobsManager:
     def close(self) -> None:
         """Stop cleanup and recovery; activations are dropped without writing anything."""
         self._closed = True
-        self._cleanup.close()
+        self.cleanup.close()
         self._recovery.close()
         for activation in list(self._activations.values()):
             activation.drop()

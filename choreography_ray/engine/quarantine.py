@@ -17,9 +17,10 @@ host, so a host that crashes still counts.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from ..jobs.errors import (
     ChoreographyError,
@@ -175,6 +176,8 @@ class Recoverable(Protocol):
 
     async def recovery_failed(self, error: BaseException) -> None: ...
 
+    def let_go(self, reason: str) -> None: ...
+
 
 class RecoveryAttempts:
     """One manager's recoveries: each counted before it begins, unless the attempt before it
@@ -186,9 +189,25 @@ class RecoveryAttempts:
 
     def __init__(self) -> None:
         self._uncounted: set[str] = set()
+        self._running: dict[str, tuple[Recoverable, asyncio.Future[Any]]] = {}
 
     async def run(self, activation: Recoverable, recovery: Callable[[], Awaitable[T]]) -> T:
-        """Count the attempt, then run `recovery` (a resume or a stop's finish)."""
+        """Count the attempt, then run `recovery` (a resume or a stop's finish). A recovery of
+        the same activation already under way is joined, not begun again: the reports of a
+        job whose owner died arrive by the dozen, and each must not count an attempt."""
+        job_id = activation.id
+        running = self._running.get(job_id)
+        if running is not None and running[0] is activation and not running[1].done():
+            return await asyncio.shield(running[1])  # type: ignore[no-any-return]
+        task = asyncio.ensure_future(self._counted(activation, recovery))
+        self._running[job_id] = (activation, task)
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done() and self._running.get(job_id, (None, None))[1] is task:
+                del self._running[job_id]
+
+    async def _counted(self, activation: Recoverable, recovery: Callable[[], Awaitable[T]]) -> T:
         job_id = activation.id
         if job_id in self._uncounted:
             self._uncounted.discard(job_id)
@@ -201,6 +220,8 @@ class RecoveryAttempts:
                 self._owe(job_id)
             else:
                 await activation.recovery_failed(error)
+            # Not left idle: the next call, report or sweep recovers it again (counted).
+            activation.let_go(f"its recovery failed: {describe(error)}")
             raise
         if activation.release_reason:
             self._owe(job_id)  # it completed, but a failed write let it go before the reset

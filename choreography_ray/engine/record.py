@@ -138,15 +138,23 @@ class JobRecord:
         lease = self.ctx.options.job_ownership_lease
         return owner.lease_expires - self.ctx.clock.now() <= lease * 2 / 3
 
-    def lease_lost(self) -> bool:
-        """Whether this host's ownership lease ran out unrenewed (its writes failed, or the
-        host was frozen): another host may own the job now, so this activation must not act
-        on it. Only a write that wins its compare-and-set proves it still owns the job."""
+    async def still_owned(self) -> bool:
+        """Whether this activation may act on the job: its host's ownership lease holds, or,
+        once it ran out unrenewed (writes that failed, a host that was frozen), a write proves
+        by compare-and-set that no other host claimed the job meanwhile (and renews the
+        lease). When that write loses, the job is let go: another host owns it."""
         me = self.ctx.owner
         owner = self.state.owner
         if me is None or owner is None or owner.lease_expires is None:
+            return True
+        if owner.lease_expires > self.ctx.clock.now():
+            return True
+        try:
+            await self.save()
+        except Exception as error:
+            self.release(f"its ownership lease ran out and could not be renewed: {error}")
             return False
-        return owner.lease_expires <= self.ctx.clock.now()
+        return True
 
     def release(self, reason: str = "") -> None:
         """Let go of the job: for `reason` (logged), or quietly once it finished."""

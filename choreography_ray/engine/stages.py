@@ -85,9 +85,8 @@ class Stages:
         if not self.watchdog.started:
             self.watchdog.start()
         while record.state.status == JobStatus.RUNNING and not record.released:
-            if record.lease_lost():
-                record.release("its ownership lease ran out: another host may own the job")
-                return failed
+            if not await record.still_owned():
+                return failed  # another host claimed the job: this activation let it go
             if ledger.waiting and ledger.room(self.core.window):
                 failed += await self._dispatch_waiting(dispatch_failures_fail)
                 continue
@@ -328,7 +327,11 @@ class Stages:
         `NoEligibleJobWorker` is no different from a lost connection: no worker took it, except
         while a starting job may still wait for a worker (`worker_wait_timeout`): it waits
         as on resume, durably and visibly (`JobState.waiting_for_worker`)."""
-        if failures_fail and isinstance(error, NoEligibleJobWorker):
+        if failures_fail and (
+            isinstance(error, NoEligibleJobWorker) or self.record.state.waiting_for_worker
+        ):
+            # A job that already waits for a worker goes on waiting when the one that came
+            # is lost before it took the starts (a node the autoscaler gave up on).
             failures_fail = not self._wait_for_worker(error)
         if failures_fail:
             failed = 0

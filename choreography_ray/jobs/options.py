@@ -107,6 +107,12 @@ class JobsOptions(BaseModel):
     worker_wait_timeout: timedelta = timedelta(minutes=15)
     """How long a starting job waits, durably, for a worker host that can run its steps
     before they count failed; zero fails them at once (the reference system's behaviour)."""
+    autoscale_max_worker_nodes: int = 10
+    """The most worker nodes the unfinished steps ask Ray's autoscaler for (a resource request
+    of `choreography_worker` bundles); zero asks for none."""
+    worker_idle_timeout: timedelta = timedelta(seconds=60)
+    """How long a worker node runs no step before its hosts leave it, while Ray's autoscaler
+    runs and fewer worker nodes are wanted, so that the autoscaler can remove it."""
     step_delivery_retry_delay: timedelta = timedelta(seconds=1)
     max_step_delivery_retry_delay: timedelta = timedelta(seconds=60)
     step_delivery_max_attempts: int = 10
@@ -149,6 +155,7 @@ class JobsOptions(BaseModel):
         "step_lease_timeout",
         "job_watchdog_interval",
         "worker_wait_timeout",
+        "worker_idle_timeout",
         "step_delivery_retry_delay",
         "max_step_delivery_retry_delay",
         "transient_retry_base_delay",
@@ -234,6 +241,7 @@ class JobsOptions(BaseModel):
         "step_delivery_max_attempts",
         "max_inline_step_plan_size",
         "transient_retry_attempts",
+        "autoscale_max_worker_nodes",
         mode="before",
     )
     @classmethod
@@ -267,7 +275,7 @@ class JobsOptions(BaseModel):
             raise ValueError("must be at least 1, or unset")
         return value
 
-    @field_validator("max_inline_step_plan_size")
+    @field_validator("max_inline_step_plan_size", "autoscale_max_worker_nodes")
     @classmethod
     def _size(cls, value: int) -> int:
         if value < 0:

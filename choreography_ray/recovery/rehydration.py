@@ -61,7 +61,7 @@ class Rehydration:
             return await asyncio.shield(self._preparing)
         preparing = self._preparing = asyncio.get_running_loop().create_future()
         try:
-            await self.manager.cleanup()
+            await self.manager.cleanup.run()
             interrupted = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(
                 INTERRUPTED_STATUSES
             )

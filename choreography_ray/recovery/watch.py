@@ -61,6 +61,11 @@ class Participant(Protocol):
         """Whether the cluster's hosts are being stopped (`down`): then none is started."""
         ...
 
+    async def retired(self, node_id: str) -> bool:
+        """Whether the node's hosts left it, idle, for Ray's autoscaler to remove it: they
+        are not started again behind it."""
+        ...
+
     async def hosts_changed(self) -> None:
         """Host actors appeared or went away: read the routing table again."""
         ...
@@ -203,6 +208,10 @@ class MembershipWatch:
             if snapshot.alive(node_id) and snapshot.nodes[node_id].has_role:
                 self._spawn(self._start_quietly(node_id))
 
+    def start_hosts_of(self, node_id: str) -> None:
+        """Start the hosts of a live node now (one whose retirement was taken back)."""
+        self._spawn(self._start_quietly(node_id))
+
     async def _start_quietly(self, node_id: str) -> None:
         with contextlib.suppress(Exception):  # logged and retried by `_starts`
             await self._starts.run(node_id)
@@ -218,6 +227,8 @@ class MembershipWatch:
                 node_id,
             )
             return  # `up` starts them, and clears the mark
+        if await self.host.retired(node_id):
+            return  # its hosts left it on purpose; the autoscaler may remove it
         await self.host.start_node(snapshot.nodes[node_id])
         self.started.append(node_id)
 

@@ -104,6 +104,25 @@ def taking_down(namespace: str) -> bool:
     return bool(_kv()._internal_kv_exists(DOWN_KEY, namespace=namespace))
 
 
+RETIRED_PREFIX = b"choreography_ray:retired:"
+
+
+def mark_retired(namespace: str, node_id: str, retired: bool = True) -> None:
+    """Mark a worker node whose hosts left it, idle, so that Ray's autoscaler can remove it
+    (no controller host starts them again), or clear the mark (blocking)."""
+    key = RETIRED_PREFIX + node_id.encode()
+    if retired:
+        _kv()._internal_kv_put(key, b"retired", overwrite=True, namespace=namespace)
+    else:
+        _kv()._internal_kv_del(key, namespace=namespace)
+
+
+def retired_nodes(namespace: str) -> set[str]:
+    """The worker nodes marked retired (a blocking read)."""
+    keys = _kv()._internal_kv_list(RETIRED_PREFIX, namespace=namespace) or []
+    return {bytes(key)[len(RETIRED_PREFIX) :].decode() for key in keys}
+
+
 def import_modules(
     modules: list[str],
     *,

@@ -29,3 +29,11 @@ def controller_name(node_id: str) -> str:
 def worker_name(node_id: str, index: int = 0) -> str:
     """The first worker host of a node keeps the plain name; more get a number."""
     return WORKER_PREFIX + node_id + (f":{index}" if index else "")
+
+
+def host_node(name: str) -> str:
+    """The node id in a host actor's name (`choreography:worker:<node id>[:<index>]`)."""
+    for prefix in HOST_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :].split(":", 1)[0]
+    raise ValueError(f"{name!r} is not the name of a host actor")

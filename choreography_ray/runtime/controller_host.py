@@ -24,6 +24,7 @@ from ..recovery.rehydration import Rehydration
 from ..storage.protocols import JobQuery, StepCounts
 from ..testing.hooks import hooked_storage
 from .adverts import Adverts, delete_advert
+from .autoscaling import AutoscaleRequests
 from .constants import controller_name
 from .controller_recovery import ControllerRecovery
 from .dispatch import RayDispatcher
@@ -45,6 +46,14 @@ class ControllerHost(Host):
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
         self.recovery = ControllerRecovery(self)
+        self.autoscaling = AutoscaleRequests(
+            self,
+            elected=lambda: self.recovery.elected,
+            outstanding=lambda: sum(m.outstanding_steps for m in self.managers.values()),
+            per_node=self.options.effective_max_parallel_steps,
+            snapshot=lambda: self.recovery.membership.latest if self.recovery.membership else None,
+            start_hosts_of=self._start_hosts_of,
+        )
         self.partition = hooked_storage(self.provider.for_key, self.name)  # tests may wrap it
 
     async def _start(self) -> None:
@@ -54,6 +63,11 @@ class ControllerHost(Host):
         await self.recovery.watch_membership(WorkerHost)
         await self._refresh()
         self.recovery.start_sweeping()
+        self.autoscaling.start()
+
+    def _start_hosts_of(self, node_id: str) -> None:
+        if self.recovery.membership is not None:
+            self.recovery.membership.start_hosts_of(node_id)
 
     async def hosts_lost(self, names: set[str]) -> int:
         """Worker hosts that are gone: their steps are sent again (`ControllerRecovery`)."""
@@ -169,6 +183,11 @@ class ControllerHost(Host):
         self.metrics.outcomes(reports)
         return await self._owned(key, job_id, "deliver", reports)
 
+    async def outstanding_steps(self) -> int:
+        """Steps of the running jobs here with no outcome yet: this host's part of the worker
+        nodes the elected controller asks Ray's autoscaler for."""
+        return self.autoscaling.outstanding()
+
     async def activations(self) -> int:
         """How many jobs this host runs now: its part of a controller's headroom."""
         return sum(len(manager.active_jobs) for manager in self.managers.values())
@@ -186,6 +205,7 @@ class ControllerHost(Host):
             **writes,
             "live_jobs": sum(len(manager.active_jobs) for manager in self.managers.values()),
             **self.recovery.stats(),
+            **self.autoscaling.stats(),
             "rss_kb": rss_kb(),
         }
 
@@ -200,6 +220,7 @@ class ControllerHost(Host):
         await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
         self.recovery.close()
+        self.autoscaling.close()
         for manager in self.managers.values():
             manager.close()
         self.routes.close()

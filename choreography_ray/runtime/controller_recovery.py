@@ -62,10 +62,16 @@ class ControllerRecovery:
         if self._sweeper is None and self.host.options.reconciliation_interval.total_seconds() > 0:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
-    def _sweeps(self) -> bool:
-        """Whether this controller host runs the reconciliation sweep: the one the membership
-        watch elects (the oldest live controller host; a sweep twice is harmless)."""
+    @property
+    def elected(self) -> bool:
+        """Whether this controller host is the one the membership watch elects (the oldest
+        live controller host): it runs the sweep and makes the autoscaler's request."""
         return self.membership is None or self.membership.elected
+
+    def _sweeps(self) -> bool:
+        """Whether this controller host runs the reconciliation sweep (a sweep twice is
+        harmless)."""
+        return self.elected
 
     async def _sweep_forever(self) -> None:
         """Every `reconciliation_interval`, on one controller host: claim and resume the

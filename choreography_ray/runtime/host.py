@@ -53,6 +53,8 @@ class Host:
         )
         self._startup = Startup(self._start, self.clock, what=name)
         self._node: tuple[dict[str, str], dict[str, float]] | None = None
+        self.ready_at: float | None = None
+        """When the host had started (seconds since the epoch): a benchmark's mark."""
         self.fence = ray_fence(name, node_id, namespace)
         """Ends this process once it is no longer part of the cluster (runtime/fence.py)."""
         self.fence.start()
@@ -68,6 +70,7 @@ class Host:
         await self.provider.initialize()
         await self.routes.start()
         await self._advertise()
+        self.ready_at = time.time()
 
     def advert(self) -> HostAdvert:
         """What this host can run: the types its imports registered, and what failed; its

@@ -19,8 +19,8 @@ from ..placement.roles import worker_share
 from ..recovery.keys import KeyCatalog
 from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
-from .config import taking_down
-from .constants import CONTROLLER_PREFIX, HOST_PREFIXES
+from .config import retired_nodes, taking_down
+from .constants import CONTROLLER_PREFIX, host_node
 from .controller_port import ControllerPort
 from .directory import actor_names, host_incarnations
 from .host_process import cluster_config
@@ -31,14 +31,6 @@ log = logging.getLogger("choreography_ray.runtime")
 HOST_START_SECONDS = 120.0
 """How long the host actors of a joined node may take to start (a process each, and the job
 modules to import) before the attempt counts as failed and is retried."""
-
-
-def host_node(name: str) -> str:
-    """The node id in a host actor's name (`choreography:worker:<node id>[:<index>]`)."""
-    for prefix in HOST_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :].split(":", 1)[0]
-    raise ValueError(f"{name!r} is not the name of a host actor")
 
 
 class RayCluster:
@@ -139,6 +131,9 @@ class ControllerParticipant:
 
     async def taking_down(self) -> bool:
         return await asyncio.to_thread(taking_down, self.host.namespace)
+
+    async def retired(self, node_id: str) -> bool:
+        return node_id in await asyncio.to_thread(retired_nodes, self.host.namespace)
 
     async def start_node(self, node: NodeInfo) -> None:
         """Create the node's host actors and wait until they are ready and have read the

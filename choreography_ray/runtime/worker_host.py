@@ -106,6 +106,20 @@ class WorkerHost(Host):
         await self.ready()
         return self.worker.give_up(job_key, job_id, share)
 
+    async def retire(self) -> bool:
+        """Leave the node, idle, so that Ray's autoscaler can remove it (a 0-CPU actor keeps
+        a node busy in its eyes): the host shuts down and its actor exits. Refused (False)
+        while any run is here; the node is marked retired before this is asked."""
+        if self.worker.active_runs or self.worker.busy:
+            return False
+        await self.shutdown()
+        self._leaving = asyncio.get_running_loop().create_task(self._leave())
+        return True
+
+    async def _leave(self) -> None:
+        await asyncio.sleep(0.1)  # the answer to `retire` goes out first
+        ray.actor.exit_actor()  # an intended exit: Ray does not restart it
+
     async def running_steps(
         self, job_key: JobKey, job_id: str, step_ids: list[str]
     ) -> tuple[str, list[str]]:
@@ -142,6 +156,7 @@ class WorkerHost(Host):
             "max_parallel_steps": self.worker.max_parallel_steps,
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "rss_kb": rss_kb(),
+            "ready_at": self.ready_at,
             **self.worker.write_stats(),
         }
 

@@ -3,6 +3,9 @@ still runs. Enough to kill exactly a cluster's own processes and see them gone."
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -45,3 +48,29 @@ def still_running(pids: set[int], timeout: float) -> set[int]:
         time.sleep(POLL_SECONDS)
         running = {pid for pid in running if alive(pid)}
     return running
+
+
+def marked(marker: bytes) -> list[int]:
+    """The processes whose environment holds `marker` (an assignment such as
+    `RAY_TMPDIR=...`, which every process a cluster starts inherits)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_marked(marker: bytes, timeout: float) -> None:
+    """SIGKILL every process whose environment holds `marker`, again until none is left;
+    `TimeoutError` when some still run after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while pids := [pid for pid in marked(marker) if pid != os.getpid()]:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes outlived their SIGKILL: {pids}")
+        time.sleep(POLL_SECONDS)

@@ -10,6 +10,7 @@ stored record names the newer run (its lease: host and activation, with the atte
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -100,42 +101,64 @@ def test_the_stored_outcome_names_the_run_that_stored_it(run, script):
 
 
 def test_a_controller_whose_ownership_lease_ran_out_dispatches_nothing_more(run, script):
-    """Its lease expired unrenewed (a frozen host, writes that never answered): another host
-    may have claimed the job, so the old activation lets it go instead of sending more
-    steps; the job is then activated again by compare-and-set."""
+    """Its lease expired unrenewed (a frozen host, writes that never answered) and another
+    host claimed the job: before it sends more steps, the old activation proves it still owns
+    the job by a compare-and-set write, which loses, and it lets the job go."""
 
     async def scenario() -> None:
         options = JobsOptions(max_parallel_steps=4)
         async with InProcessCluster(options=options) as cluster:
             manager = cluster.manager()
-            manager.ctx = manager.ctx.__class__(
-                **{
-                    **manager.ctx.__dict__,
-                    "owner": JobOwner(host="controller-a", activation_epoch=1),
-                }
-            )
+            manager.ctx = replace(manager.ctx, owner=JobOwner(host="here", activation_epoch=1))
             for key in ("a", "b", "c"):
                 script.behaviour[key].block = True
             result = await cluster.start(WindowJob, request("a", "b", "c"))  # two at a time
             await cluster.settle()
             activation = manager.live(result.job_id)
             assert activation is not None
+            expired = cluster.clock.now() - timedelta(seconds=1)
             state = activation.state
-            assert state.owner is not None and state.owner.lease_expires is not None
-            # Time passes without the lease keeper's renewal (the host was frozen).
-            state.owner = state.owner.model_copy(
-                update={"lease_expires": cluster.clock.now() - timedelta(seconds=1)}
-            )
+            assert state.owner is not None
+            state.owner = state.owner.model_copy(update={"lease_expires": expired})
+            # Meanwhile another host claimed it (its lease had run out in storage too).
+            stored = await cluster.storage().jobs.get(result.job_id)
+            stored.owner = JobOwner(host="there", activation_epoch=2)
+            await cluster.storage().jobs.save(stored)
             dispatched = activation.counters.dispatched
             script.release("a")  # a window slot frees: the old activation must not fill it
             await cluster.settle()
             assert activation.released
             assert activation.counters.dispatched == dispatched
-            script.release("b", "c")
-            for _ in range(10):
-                await cluster.advance(30)
+            final = await cluster.storage().jobs.get(result.job_id)
+            assert final.owner is not None and final.owner.host == "there"
+
+    run(scenario())
+
+
+def test_an_expired_lease_no_one_claimed_is_renewed_and_the_job_goes_on(run, script):
+    """A lease that ran out while no other host claimed the job (a slow write, a pause) is
+    renewed by the write that proves it: the activation goes on, and is not let go (a job
+    activated from storage with an old lease would otherwise be let go and activated again
+    at every report)."""
+
+    async def scenario() -> None:
+        async with InProcessCluster(options=JobsOptions(max_parallel_steps=4)) as cluster:
+            manager = cluster.manager()
+            manager.ctx = replace(manager.ctx, owner=JobOwner(host="here", activation_epoch=1))
+            for key in ("a", "b", "c"):
+                script.behaviour[key].block = True
+            result = await cluster.start(WindowJob, request("a", "b", "c"))
+            await cluster.settle()
+            activation = manager.live(result.job_id)
+            assert activation is not None and activation.state.owner is not None
+            activation.state.owner = activation.state.owner.model_copy(
+                update={"lease_expires": cluster.clock.now() - timedelta(seconds=1)}
+            )
+            script.release("a", "b", "c")
+            await cluster.settle()
+            assert not activation.released or activation.state.status.is_terminal
             final = await cluster.storage().jobs.get(result.job_id)
             assert final.status == JobStatus.COMPLETED_SUCCESSFULLY
-            assert final.progress.successful_steps == 3
+            assert final.recovery_attempts == 0
 
     run(scenario())

@@ -656,7 +656,7 @@ def test_when_cleaning_up_dead_jobs_only_old_preparing_jobs_without_steps_or_pla
         for record in records:
             await jobs.save(record)
         await cluster.storage().steps.save(prepared_step("with-a-step", "s"))
-        removed = await cluster.manager().cleanup_dead_jobs()
+        removed = await cluster.manager().cleanup.dead_jobs()
         left = [job.id for job in await cluster.manager().list()]
         return removed, left
 
@@ -687,7 +687,7 @@ def test_when_cleaning_up_many_dead_jobs_each_pass_is_bounded_oldest_first(run, 
             created = now - timedelta(hours=10) + timedelta(minutes=n)
             await jobs.save(crafted_job(f"dead-{n}", JobStatus.PREPARING_JOB, created))
         manager = cluster.manager()
-        return [sorted(await manager.cleanup_dead_jobs()) for _ in range(4)]
+        return [sorted(await manager.cleanup.dead_jobs()) for _ in range(4)]
 
     passes = run(scenario())
     assert passes == [["dead-0", "dead-1"], ["dead-2", "dead-3"], ["dead-4"], []]
@@ -707,7 +707,7 @@ def test_when_cleaning_up_dead_jobs_a_job_stuck_in_preparing_state_is_removed(ru
         with contextlib.suppress(asyncio.CancelledError):
             await start
         manager = cluster.manager()
-        too_early = await manager.cleanup_dead_jobs()
+        too_early = await manager.cleanup.dead_jobs()
         await cluster.advance(HOUR + 1)
         drain = await manager.rehydrate()  # rehydration cleans up first
         report = await drain
@@ -743,7 +743,7 @@ def test_when_cleaning_up_terminal_jobs_expired_ones_are_removed_steps_first(run
             await cluster.settle()
             statuses = {job.id: job.status for job in await cluster.manager().list()}
             interceptor.calls.clear()
-            removed = await cluster.manager().cleanup_terminal_jobs()
+            removed = await cluster.manager().cleanup.terminal_jobs()
             left = [job.id for job in await cluster.manager().list()]
             steps = {key: await steps_of(cluster, key) for key in statuses}
             return statuses, removed, left, steps
@@ -783,7 +783,7 @@ def test_when_cleaning_up_terminal_jobs_a_job_that_is_live_in_storage_is_never_r
             await cluster.settle()
             await cluster.advance(8 * DAY)
             interceptor.hooks["jobs.query"] = stale_page
-            removed = await cluster.manager().cleanup_terminal_jobs()
+            removed = await cluster.manager().cleanup.terminal_jobs()
             return removed, await stored(cluster, "live")
 
     removed, live = run(scenario())
@@ -799,7 +799,7 @@ def test_when_terminal_job_retention_is_off_every_job_is_kept(run, cluster, scri
         await cluster.start(ScenarioJob, request("done"), job_id="done")
         await cluster.settle()
         await cluster.advance(400 * DAY)
-        report = await cluster.manager().cleanup()
+        report = await cluster.manager().cleanup.run()
         return report, await stored(cluster, "done")
 
     report, state = run(scenario())
@@ -821,7 +821,7 @@ def test_when_cleaning_up_terminal_jobs_with_more_jobs_than_the_cleanup_page_eac
             await cluster.advance(60)
         await cluster.advance(8 * DAY)
         manager = cluster.manager()
-        passes = [sorted(await manager.cleanup_terminal_jobs()) for _ in range(4)]
+        passes = [sorted(await manager.cleanup.terminal_jobs()) for _ in range(4)]
         return passes, await manager.list()
 
     passes, left = run(scenario())
@@ -857,7 +857,7 @@ def test_when_dead_job_cleanup_fails_terminal_job_cleanup_still_runs(run, script
         async with new_cluster(wrap_storage=interceptor.wrap) as cluster:
             await _dead_and_expired(cluster)
             interceptor.hooks["jobs.query"] = _failing_query(PREPARING_JOB_STATUSES)
-            report = await cluster.manager().cleanup()
+            report = await cluster.manager().cleanup.run()
             return report, await stored(cluster, "dead"), await stored(cluster, "expired")
 
     report, dead, expired = run(scenario())
@@ -874,7 +874,7 @@ def test_when_terminal_job_cleanup_fails_dead_job_cleanup_still_runs(run, script
         async with new_cluster(wrap_storage=interceptor.wrap) as cluster:
             await _dead_and_expired(cluster)
             interceptor.hooks["jobs.query"] = _failing_query(TERMINAL_JOB_STATUSES)
-            report = await cluster.manager().cleanup()
+            report = await cluster.manager().cleanup.run()
             return report, await stored(cluster, "dead"), await stored(cluster, "expired")
 
     report, dead, expired = run(scenario())
@@ -899,7 +899,7 @@ def test_when_removing_one_expired_job_fails_the_others_are_still_removed(run, s
             await cluster.settle()
             await cluster.advance(8 * DAY)
             interceptor.hooks["steps.remove_all_for_job"] = failing_for_one
-            report = await cluster.manager().cleanup()
+            report = await cluster.manager().cleanup.run()
             return report, [job.id for job in await cluster.manager().list()]
 
     report, left = run(scenario())
@@ -1743,7 +1743,7 @@ def test_cleanup_deletes_stored_plans_no_job_needs_and_keeps_the_rest(run, scrip
                 ("gone", 3),
             ):
                 await storage.plans.save_plan(job_id, incarnation, plan)
-            report = await cluster.manager().cleanup()
+            report = await cluster.manager().cleanup.run()
             return report, await storage.plans.stored_plans(take=100)
 
     report, left = run(scenario())

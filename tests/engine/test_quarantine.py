@@ -526,6 +526,8 @@ def test_the_memory_of_uncounted_attempts_stays_bounded(run):
 
         async def recovery_failed(self, error: BaseException) -> None: ...
 
+        def let_go(self, reason: str) -> None: ...
+
     async def down() -> None:
         raise StorageUnavailableError("down")
 
@@ -584,3 +586,95 @@ def test_a_job_another_live_host_owns_is_not_counted(run, cluster, script):
     job_id, report, state = run(scenario())
     assert report.skipped == [job_id]
     assert state.recovery_attempts == 0 and state.owner.host == "host-a"
+
+
+class _Yielding:
+    """Storage whose reads take loop turns, as a real store's do: reports that arrive
+    together all find the job not yet activated and wait for the same activation, and its
+    resume's dispatch waits on a worker outside the job's turn."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+        if name not in ("find", "get_many", "get_all_for_job"):
+            return method
+
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            import asyncio
+
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await method(*args, **kwargs)
+
+        return slow
+
+
+def test_reports_arriving_together_for_a_job_whose_owner_died_count_one_recovery(run, script):
+    """The fault matrix's owning controller removed: dozens of report batches reach the
+    survivor at once. They share one activation, and join its one recovery: counting each
+    as an attempt quarantined a healthy job within milliseconds."""
+
+    def yielding(storage: JobsStorage) -> JobsStorage:
+        return JobsStorage(
+            key=storage.key,
+            jobs=_Yielding(storage.jobs),
+            steps=_Yielding(storage.steps),
+            plans=storage.plans,
+        )
+
+    async def scenario():
+        import asyncio
+
+        options = JobsOptions(max_parallel_steps=8, max_recovery_attempts=LIMIT)
+        async with InProcessCluster(options=options, wrap_storage=yielding) as cluster:
+            POISON.mode = ""
+            await start_blocked(cluster, script, PoisonJob, "healthy")
+            [step] = await cluster.storage().steps.get_for_job("healthy")
+            stale = StepReport(step.id, JobStepStatus.COMPLETED_SUCCESSFULLY, 0, 1)
+            await cluster.crash()
+            manager = cluster.manager()
+            await asyncio.gather(*(manager.deliver("healthy", [stale]) for _ in range(LIMIT * 4)))
+            return await stored(cluster, "healthy"), POISON.calls
+
+    state, resumes = run(scenario())
+    assert state.quarantine is None
+    assert state.recovery_attempts == 0  # one recovery, counted once and completed
+    assert resumes == 1  # one resume, not one per report
+
+
+def test_an_activation_whose_steps_were_never_read_counts_and_completes_nothing(
+    run, cluster, script
+):
+    """A running job activated from storage but not recovered yet (its recovery is under way
+    elsewhere in the host, or failed) knows none of its steps: a report, a lost host or a
+    joined one must not count an outcome into it nor complete it (a job was seen completed
+    with 550 of 1,500 successes that way)."""
+
+    async def scenario():
+        await start_blocked(cluster, script, ScenarioJob, "a")
+        [step] = await cluster.storage().steps.get_for_job("a")
+        before = await stored(cluster, "a")
+        await cluster.crash()
+        activation = await cluster.manager().activate("a")
+        activation.deliver([StepReport(step.id, JobStepStatus.COMPLETED_SUCCESSFULLY, 1, 1)])
+        await cluster.settle()
+        await activation.hosts_lost(frozenset({"worker-0"}))
+        await activation.workers_joined(frozenset({"worker-9"}))
+        return before, await stored(cluster, "a"), activation.state
+
+    before, after, held = run(scenario())
+    assert after.status == JobStatus.RUNNING and held.status == JobStatus.RUNNING
+    assert after.progress == before.progress == held.progress
+
+
+def test_a_recovery_that_fails_lets_the_job_go_so_the_next_one_tries_again(run, cluster, script):
+    async def scenario():
+        await start_blocked(cluster, script, PoisonJob, "poison")
+        report = await restart(cluster)
+        return report, cluster.manager().live("poison")
+
+    report, live = run(scenario())
+    assert report.failed == ["poison"]
+    assert live is None  # not an idle activation that nothing would ever recover again

@@ -178,6 +178,7 @@ class Host:
         self.start_fails = 0
         self.pass_gate: asyncio.Event | None = None
         self.down = False
+        self.retired_nodes: set[str] = set()
         """`choreography down` marked the cluster as being taken down."""
 
     def is_controller(self, host: str) -> bool:
@@ -205,6 +206,9 @@ class Host:
 
     async def taking_down(self) -> bool:
         return self.down
+
+    async def retired(self, node_id: str) -> bool:
+        return node_id in self.retired_nodes
 
 
 class Readings:
@@ -370,6 +374,24 @@ def test_a_joined_node_with_a_role_gets_its_hosts_from_the_elected_host_only(run
         assert head.passes == [] and head.lost == []  # a join is no loss
         for watch in watches:
             watch.close()
+
+    run(scenario())
+
+
+def test_a_retired_node_whose_hosts_left_it_gets_none_started_again(run: Any) -> None:
+    """Its hosts left it, idle, for Ray's autoscaler to remove it: the watch sees them gone
+    from a live node (as after a kill) but starts nothing there."""
+
+    async def scenario() -> None:
+        clock, host = FakeClock(), Host()
+        readings = Readings(snapshot(HEAD, W1, W2))
+        watch = await _watching(host, readings, clock)
+        host.retired_nodes.add("w2")
+        readings.then(snapshot(HEAD, W1, W2, listed=(HEAD, W1)))  # w2's host left
+        await _tick(clock, readings)
+        await settle()
+        assert host.started == []
+        watch.close()
 
     run(scenario())
 

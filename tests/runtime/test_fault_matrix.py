@@ -35,8 +35,7 @@ import pytest
 from choreography_ray.jobs import JobKey, JobsOptions, JobState, JobStatus
 from choreography_ray.jobs.errors import StartJobFailed
 from choreography_ray.jobs.status import JobStepStatus
-from choreography_ray.runtime.constants import controller_name, worker_name
-from choreography_ray.runtime.membership import host_node
+from choreography_ray.runtime.constants import controller_name, host_node, worker_name
 from choreography_ray.storage import open_storage
 from choreography_ray.testing.faults import LOST_ACKS_ENV, LOST_ACKS_WRAPPER, LostAcks
 from choreography_ray.testing.hooks import STORAGE_WRAPPER_ENV

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.runtime.constants import controller_name, worker_name
-from choreography_ray.runtime.membership import ControllerParticipant, host_node
+from choreography_ray.runtime.constants import controller_name, host_node, worker_name
+from choreography_ray.runtime.membership import ControllerParticipant
 
 
 def test_a_host_name_gives_its_node() -> None:

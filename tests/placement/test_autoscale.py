@@ -1,0 +1,135 @@
+"""The worker nodes unfinished steps ask Ray's autoscaler for, and the elected controller's
+request that keeps it so: asked when the number changes, withdrawn when nothing is
+outstanding, replaced by a newly elected host, never shrunk by a host that did not answer."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from choreography_ray.engine.clock import FakeClock
+from choreography_ray.jobs import JobsOptions
+from choreography_ray.placement.autoscale import (
+    Demand,
+    Idleness,
+    bundles,
+    to_restore,
+    to_retire,
+    wanted_nodes,
+)
+from choreography_ray.runtime.autoscaling import AutoscaleRequests
+
+
+@pytest.mark.parametrize(
+    ("outstanding", "per_node", "cap", "nodes"),
+    [(0, 16, 10, 0), (1, 16, 10, 1), (16, 16, 10, 1), (17, 16, 10, 2), (10_000, 16, 10, 10)],
+)
+def test_wanted_nodes_round_up_and_stop_at_the_cap(outstanding, per_node, cap, nodes) -> None:
+    assert wanted_nodes(outstanding, per_node, cap) == nodes
+
+
+def test_a_cap_of_zero_asks_for_nothing() -> None:
+    assert wanted_nodes(1_000, 16, 0) == 0
+
+
+def test_one_role_bundle_per_node() -> None:
+    assert bundles(2) == [{"choreography_worker": 1.0}, {"choreography_worker": 1.0}]
+    assert bundles(0) == []
+
+
+def test_a_controller_that_does_not_answer_keeps_its_last_demand() -> None:
+    demand = Demand.of(per_node=10, cap=10)
+    assert demand.heard({"a": 30, "b": 20}, {"a", "b"}) == 5
+    assert demand.heard({"a": 30, "b": None}, {"a", "b"}) == 5  # b's 20 stands
+    assert demand.heard({"a": 30}, {"a"}) == 3  # b is gone: its steps are a's now or none's
+
+
+class _Routes:
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers = answers
+
+    @property
+    def controllers(self) -> list[str]:
+        return sorted(self.answers)
+
+    async def call(self, name: str, method: str) -> Any:
+        assert method == "outstanding_steps"
+        answer = self.answers[name]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _requests(run, answers, outstanding, elected=lambda: True):
+    asked: list[int] = []
+    host = SimpleNamespace(
+        name="me",
+        options=JobsOptions(autoscale_max_worker_nodes=4),
+        clock=FakeClock(),
+        routes=_Routes(answers),
+    )
+    requests = AutoscaleRequests(
+        host, elected, outstanding, per_node=8, request=asked.append, autoscaler=lambda: False
+    )
+    return requests, asked
+
+
+def test_the_request_follows_the_outstanding_steps_and_is_withdrawn_at_zero(run) -> None:
+    mine = [0]
+    requests, asked = _requests(run, {"other": 0}, lambda: mine[0])
+    assert run(requests.check()) == 0
+    assert asked == [0]  # the first check replaces whatever an earlier host asked
+    mine[0] = 20
+    assert run(requests.check()) == 3
+    assert run(requests.check()) == 3
+    assert asked == [0, 3]  # asked again only when the number changes
+    mine[0] = 1_000
+    run(requests.check())
+    mine[0] = 0
+    run(requests.check())
+    assert asked == [0, 3, 4, 0]  # capped, then withdrawn: nothing pins the cluster up
+
+
+def test_other_controllers_count_and_one_that_fails_is_not_taken_for_zero(run) -> None:
+    answers: dict[str, Any] = {"other": 30}
+    requests, asked = _requests(run, answers, lambda: 2)
+    assert run(requests.check()) == 4  # 32 steps at 8 per node
+    answers["other"] = ConnectionError("busy")
+    assert run(requests.check()) == 4
+    assert asked == [4]
+
+
+def test_only_the_elected_controller_asks_and_asks_again_once_elected(run) -> None:
+    elected = [False]
+    requests, asked = _requests(run, {}, lambda: 9, elected=lambda: elected[0])
+    assert run(requests.check()) is None
+    assert asked == []
+    elected[0] = True
+    assert run(requests.check()) == 2
+    elected[0] = False
+    run(requests.check())
+    elected[0] = True
+    run(requests.check())  # elected again: another host may have asked meanwhile
+    assert asked == [2, 2]
+
+
+def test_idle_nodes_beyond_the_wanted_ones_are_given_back_the_longest_idle_first() -> None:
+    idle = {"a": 100.0, "b": 30.0, "c": 5.0}
+    assert to_retire(idle, wanted=0, timeout=20) == ["a", "b"]  # c is not idle long enough
+    assert to_retire(idle, wanted=2, timeout=20) == ["a"]
+    assert to_retire(idle, wanted=3, timeout=20) == []
+
+
+def test_a_node_seen_busy_or_new_is_not_idle() -> None:
+    idleness = Idleness.of()
+    assert idleness.seen({"a": False}, now=0.0) == {"a": 0.0}  # first seen: just busy
+    assert idleness.seen({"a": False, "b": True}, now=10.0) == {"a": 10.0, "b": 0.0}
+    assert idleness.seen({"a": True, "b": False}, now=15.0) == {"a": 0.0, "b": 5.0}
+    assert idleness.seen({"b": False}, now=20.0) == {"b": 10.0}  # a is gone
+
+
+def test_retired_nodes_come_back_before_new_ones_are_needed() -> None:
+    assert to_restore(["r2", "r1"], hosted=1, wanted=2) == ["r1"]
+    assert to_restore(["r1"], hosted=2, wanted=2) == []
