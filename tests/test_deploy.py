@@ -87,7 +87,10 @@ def test_ray_cluster_yaml_starts_the_hosts_with_lowered_health_checks(cluster) -
     head = " ".join(cluster["head_start_ray_commands"])
     assert "choreography up" in head and "--storage" in head and "--module" in head
     assert all(key in head for key in _health_keys())
-    assert "choreography up" in " ".join(cluster["worker_start_ray_commands"])
+    workers = " ".join(cluster["worker_start_ray_commands"])
+    assert "choreography up" not in workers  # the controller host starts a joined node's hosts
+    for commands in (head, workers):
+        assert "RAY_gcs_rpc_server_reconnect_timeout_s=" in commands
     assert any("choreography-ray" in command for command in cluster["setup_commands"])
 
 
@@ -353,6 +356,18 @@ def test_kuberay_cluster_autoscales_its_workers_from_zero(kuberay) -> None:
     assert spec["autoscalerOptions"]["idleTimeoutSeconds"] > 0
     for group in spec["workerGroupSpecs"]:
         assert group["minReplicas"] == group.get("replicas", 0) == 0 < group["maxReplicas"]
+
+
+def test_kuberay_cluster_survives_a_restarting_control_store(kuberay) -> None:
+    """GCS fault tolerance on, and every pod's Ray waits for a restarting GCS longer than
+    Ray's 60 s default, read from its environment (docs/recovery.md)."""
+    options = kuberay["spec"]["gcsFaultToleranceOptions"]
+    assert options["redisAddress"] and options["externalStorageNamespace"]
+    groups = [kuberay["spec"]["headGroupSpec"], *kuberay["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        ray_container = _containers(group)[0]
+        env = {item["name"]: item.get("value") for item in ray_container.get("env", [])}
+        assert int(env["RAY_gcs_rpc_server_reconnect_timeout_s"]) > 60
 
 
 def test_no_kuberay_pod_runs_a_start_hook_nor_a_command_of_ours_on_a_worker() -> None:

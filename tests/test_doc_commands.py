@@ -72,6 +72,15 @@ NOT_RUN: dict[tuple[str, str], tuple[str, bool]] = {
         "choreography up --storage postgresql+psycopg://jobs@db.internal:5432/jobs "
         "--module mypackage.jobs --config jobs.toml",
     ): ("a database and a package of yours; tests/runtime/test_cli.py runs `up`", True),
+    ("docs/running.md", "kubectl apply -f deploy/kuberay.yaml"): (
+        "needs a Kubernetes cluster with KubeRay; tests/test_deploy.py validates the file "
+        "against KubeRay's CRD schema",
+        False,
+    ),
+    ("docs/running.md", "kubectl apply -f deploy/kuberay-rayjob.yaml"): (
+        "needs a Kubernetes cluster with KubeRay; tests/test_deploy.py validates the file",
+        False,
+    ),
 }
 
 COMMAND_SECONDS = 120.0

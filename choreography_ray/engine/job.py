@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJobSuccess
 from ..jobs.job import Job
-from ..jobs.state import JobState
+from ..jobs.state import JobOwner, JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from . import quarantine
 from .activation import ActivationCore, JobStartResult
@@ -157,10 +157,20 @@ class JobActivation:
     async def workers_joined(self, joined: frozenset[str]) -> int:
         """Worker hosts joined the cluster: the job sends them work at once (see
         `Stages.workers_joined`)."""
+        return await self._moves(self._stages.workers_joined, joined)
+
+    async def hosts_draining(self, hosts: frozenset[str]) -> int:
+        """Worker hosts whose node Ray drains: the job's runs queued there move to the others
+        (see `Stages.hosts_draining`)."""
+        return await self._moves(self._stages.hosts_draining, hosts)
+
+    async def _moves(
+        self, move: Callable[[frozenset[str]], Awaitable[int]], hosts: frozenset[str]
+    ) -> int:
         async with self._core.turn:
             if self._record.released:
                 return 0
-            moved = await self._stages.workers_joined(joined)
+            moved = await move(hosts)
             if moved:
                 await self._record.save_progress()
             return moved
@@ -208,6 +218,28 @@ class JobActivation:
             answer = await self._resuming.resume(before=take_out)
             await quarantine.completed(self._record)
             return answer
+
+    async def hand_over(self, owner: JobOwner) -> bool:
+        """Make `owner` (another controller host) the job's owner by compare-and-set, and let
+        the job go without acting on it again: this host's node drains. False when the write
+        lost (the job changed: whoever wrote it owns it) or the job is gone from here."""
+        async with self._core.turn:
+            record = self._record
+            if record.released:
+                return False
+            lease = self._core.ctx.clock.now() + self._core.ctx.options.job_ownership_lease
+            record.state.owner = owner.model_copy(update={"lease_expires": lease})
+            try:
+                await record.save()
+            except Exception as error:
+                record.release(f"it could not be handed over: {error}")
+                return False
+            record.log.warning(
+                "job %s: handed over to %s: this host's node drains", self.id, owner.host
+            )
+            record.release()  # quietly: nothing here is to bring it back
+            self._core.cancel_background()
+            return True
 
     def let_go(self, reason: str) -> None:
         """Release the job without writing (a recovery that failed): the next call, report or

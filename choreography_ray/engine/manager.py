@@ -13,17 +13,14 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from ..jobs.errors import (
-    ChoreographyError,
     DrainJobResult,
     DrainOutcome,
     JobNotFoundError,
-    JobQuarantinedError,
     OwnedElsewhereError,
     ResumeJobSuccess,
     ShuttingDownError,
@@ -71,6 +68,11 @@ class Recovery(Protocol):
 
     def recover_later(self, job_id: str) -> None:
         """Bring back a job that a storage failure let go."""
+        ...
+
+    async def recover_now(self, job_id: str) -> JobActivation | None:
+        """Bring back a job no activation here holds (a report for it, a job handed over):
+        its live activation once recovered; None, logged, when it cannot be recovered."""
         ...
 
     async def reconcile(self) -> Any:
@@ -361,30 +363,33 @@ class JobsManager:
         the removal failed (the worker then reports again); any other report is queued."""
         live = self._activations.get(job_id)
         if live is None or live.released:
-            try:
-                live = await self.activate(job_id, recovering=True)
-                if live.state.status in RUNNING_JOB_STATUSES:
-                    try:  # counted as a recovery: a report may be what activates a poison job
-                        await self.attempts.run(live, partial(live.resume, recovering=True))
-                    except ChoreographyError as error:  # stored already: recounted later
-                        log.warning("job %s could not be recovered for a report: %s", job_id, error)
-                        return
-            except JobNotFoundError:
-                log.info("outcomes for job %s, which no longer exists, were dropped", job_id)
-                return
-            except JobQuarantinedError as error:
-                # Durable already: a resume that takes the job out of quarantine recounts them.
-                log.warning("outcomes for job %s were not counted: %s", job_id, error)
-                return
+            live = await self._recovery.recover_now(job_id)
+            if live is None:
+                return  # the outcomes are stored: the job's recovery recounts them
         if live.state.status == JobStatus.REMOVING:
             await live.deliver_to_removal(reports)
             return
         live.deliver(reports)
 
+    async def adopt(self, job_id: str) -> None:
+        """A job another controller host handed over (its node drains): recover it here."""
+        await self._recovery.recover_now(job_id)
+
+    async def hand_over(self, job_id: str, owner: JobOwner) -> bool:
+        """Give a live job to another controller host by compare-and-set (this host's node
+        drains); False when it has no live activation here or the write lost."""
+        live = self.live(job_id)
+        return live is not None and await live.hand_over(owner)
+
     async def hosts_lost(self, hosts: frozenset[str]) -> int:
         """Worker hosts that are gone: every live activation sends their starts again (or, for
         a job being stopped, counts them stopped). Returns how many steps were affected."""
         return await self._each_live(lambda job: job.hosts_lost(hosts), "lost hosts")
+
+    async def hosts_draining(self, hosts: frozenset[str]) -> int:
+        """Worker hosts whose node Ray drains: every live activation moves its runs queued
+        there to the others. Returns how many runs moved."""
+        return await self._each_live(lambda job: job.hosts_draining(hosts), "draining hosts")
 
     async def workers_joined(self, hosts: frozenset[str]) -> int:
         """Worker hosts that joined: every live activation sends them work at once, moving a

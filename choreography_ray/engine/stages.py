@@ -43,15 +43,33 @@ class Stages:
         stay where they are). Returns how many runs moved. Call in the job's turn."""
         joined_event, self._joined = self._joined, asyncio.Event()
         joined_event.set()
-        ledger = self.ledger
-        used = {t.host for t in ledger.tracked.values() if t.host and t.host not in joined}
-        if not used or self.record.state.status != JobStatus.RUNNING:
+        used = {t.host for t in self.ledger.tracked.values() if t.host and t.host not in joined}
+        if not used:
             return 0
         share = len(joined) / (len(used) + len(joined))
+        return await self._move(dict.fromkeys(used, share), sorted(joined), "joined hosts")
+
+    async def hosts_draining(self, draining: frozenset[str]) -> int:
+        """Worker hosts whose node Ray drains: every run of the job queued there, not started,
+        moves to the hosts that stay, ahead of the job's other waiting steps (runs that
+        perform finish there, or are stopped and moved before the node goes). Returns how
+        many runs moved. Call in the job's turn."""
+        used = {t.host for t in self.ledger.tracked.values() if t.host in draining}
+        if not used:
+            return 0
+        moved = await self._move(dict.fromkeys(used, 1.0), [], "draining hosts")
+        return moved
+
+    async def _move(self, shares: dict[str, float], to: list[str], what: str) -> int:
+        """Take back `shares` of the job's queued runs from those hosts and send them again
+        (to the hosts `to`, or wherever dispatch places them), under their identities."""
+        ledger = self.ledger
         core = self.core
+        if self.record.state.status != JobStatus.RUNNING:
+            return 0
         try:
             given = await self._outside_turn(
-                core.ctx.dispatcher.give_up(core.ctx.key, core.id, dict.fromkeys(used, share))
+                core.ctx.dispatcher.give_up(core.ctx.key, core.id, shares)
             )
         except Exception as error:  # nothing moved: the runs stay where they are
             core.log.warning("job %s: could not move queued runs: %s", core.id, error)
@@ -59,15 +77,16 @@ class Stages:
         if self.record.released or self.record.state.status != JobStatus.RUNNING:
             return 0  # stopped meanwhile: the stop found no run of those steps, and counted it
         moved = []
-        hosts = sorted(joined)
         for step_id in given:
             entry = ledger.tracked.pop(step_id, None)
             if entry is not None and step_id not in ledger.counted:
                 moved.append((step_id, entry.attempt))
-                ledger.sticky[step_id] = hosts[len(moved) % len(hosts)]  # to the joined hosts
+                if to:
+                    ledger.sticky[step_id] = to[len(moved) % len(to)]
         ledger.waiting.extendleft(reversed(moved))
+        ledger.urgent.update(step_id for step_id, _ in moved)
         if moved:
-            core.log.info("job %s: %d queued run(s) move to joined hosts", core.id, len(moved))
+            core.log.info("job %s: %d queued run(s) move off %s", core.id, len(moved), what)
             await self.advance(dispatch_failures_fail=False)
         return len(moved)
 

@@ -1,16 +1,12 @@
 """The worker: a node's step runs, its throttle, group-committed outcomes, batched reports.
 
 A worker receives starts in batches, loads the steps' records in one read (a step's first
-start brings its record: `stored_steps`), and queues runs
-(`run.StepRun`). At most `max_parallel_steps` runs perform at once, each on a runner task of
-its own slot; slots are shared round-robin between the jobs that have queued runs
-(`run_queue.RunQueue`), so a small job is never starved by a large one. Outcomes go through the
-group-committing `StepWriter`; only once an outcome is durable is it reported to the job, in
-batches per job (`outbox.Outbox`).
-
-While storage refuses the writer's batches, the worker starts no new run: the runs that perform
-finish, their outcomes wait in the writer, and queued runs wait for the first write that
-succeeds. Work done during an outage is then never lost, and never done for nothing.
+start brings its record: `stored_steps`), and queues runs (`run.StepRun`). At most
+`max_parallel_steps` perform at once, one runner task per slot, shared round-robin between the
+jobs with queued runs (`run_queue.RunQueue`): a small job is never starved by a large one.
+Outcomes go through the group-committing `StepWriters`, and only durable ones are reported to
+their job, in batches (`outbox.Outbox`). While storage refuses writes, no new run starts: the
+work done during an outage is never lost, nor done for nothing.
 """
 
 from __future__ import annotations
@@ -209,9 +205,8 @@ class StepWorker:
         return results
 
     def give_up(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
-        """Hand back `share` of the job's queued runs, which have not started (nothing of them
-        was written): its job sends them to a host that joined. The latest go first; runs
-        that perform, or wait for a slot at the front of the queue, stay."""
+        """Hand back `share` of the job's queued runs, not started (nothing of them written),
+        the latest first, for its job to send elsewhere; runs that perform stay."""
         job = (job_key, job_id)
         count = int(self._queue.queued(job) * max(0.0, min(1.0, share)))
         given = self._queue.take_last(job, count)
@@ -222,9 +217,7 @@ class StepWorker:
 
     def held(self, job_key: JobKey, job_id: str) -> list[str]:
         """Every step of the job with a run here (performing, queued or settling)."""
-        return [
-            key.step_id for key in self._runs if key.job_key == job_key and key.job_id == job_id
-        ]
+        return [k.step_id for k in self._runs if k.job_key == job_key and k.job_id == job_id]
 
     def running(self, job_key: JobKey, job_id: str, step_ids: Sequence[str]) -> list[str]:
         """Which of `step_ids` of the job have a run here (performing, queued or settling)."""
@@ -417,6 +410,17 @@ class StepWorker:
                 run.closed = True  # its callbacks are refused from now on
                 answer.timed_out.append(run.step_id)
         return answer
+
+    def stop_all(self) -> int:
+        """Stop every run here (the node goes): each settles stopped and reports it, and its
+        job runs the step again elsewhere, under the same identity. How many were told."""
+        runs = list(self._runs.values())
+        for run in runs:
+            run.cancel(removing=False)
+        for key in {(run.key.job_key, run.key.job_id) for run in runs}:
+            for queued in self._queue.remove(key, runs):
+                self._spawn(queued.execute())  # never started: settles stopped, no slot
+        return len(runs)
 
     def enqueue_report(self, key: RunKey, report: StepReport) -> None:
         """A run's durable outcome, for its job."""

@@ -45,6 +45,9 @@ class ClusterSnapshot:
     incarnations: Mapping[str, str] = field(default_factory=dict)
     """Host actor name -> which actor bears the name (Ray's actor id), where known: a host
     killed and started again between two readings keeps its name but not its incarnation."""
+    draining: Mapping[str, float] = field(default_factory=dict)
+    """Live nodes Ray is draining (a preemption or idle-termination notice), with the time
+    they are to go (seconds since the epoch; 0 when the drain set none)."""
 
     @classmethod
     def of(
@@ -52,8 +55,14 @@ class ClusterSnapshot:
         nodes: Iterable[NodeInfo],
         hosts: Mapping[str, str],
         incarnations: Mapping[str, str] | None = None,
+        draining: Mapping[str, float] | None = None,
     ) -> ClusterSnapshot:
-        return cls({node.node_id: node for node in nodes}, dict(hosts), dict(incarnations or {}))
+        return cls(
+            {node.node_id: node for node in nodes},
+            dict(hosts),
+            dict(incarnations or {}),
+            dict(draining or {}),
+        )
 
     def alive(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
@@ -77,10 +86,18 @@ class MembershipChange:
     """Host actors live before and gone now: on a dead node, or killed while their node
     lives."""
     hosts_appeared: frozenset[str] = frozenset()
+    draining_nodes: frozenset[str] = frozenset()
+    """Live nodes Ray began to drain since the earlier snapshot."""
 
     @property
     def empty(self) -> bool:
-        return not (self.dead_nodes or self.joined_nodes or self.hosts_gone or self.hosts_appeared)
+        return not (
+            self.dead_nodes
+            or self.joined_nodes
+            or self.hosts_gone
+            or self.hosts_appeared
+            or self.draining_nodes
+        )
 
     @property
     def losses(self) -> bool:
@@ -106,6 +123,7 @@ def diff(before: ClusterSnapshot, after: ClusterSnapshot) -> MembershipChange:
         joined_nodes=frozenset(now_alive - was_alive),
         hosts_gone=frozenset((was_hosts - now_hosts) | replaced),
         hosts_appeared=frozenset((now_hosts - was_hosts) | replaced),
+        draining_nodes=frozenset(n for n in after.draining if n not in before.draining),
     )
 
 
@@ -117,9 +135,11 @@ def _age(snapshot: ClusterSnapshot, host: str) -> tuple[float, str, str]:
 
 def elected(snapshot: ClusterSnapshot, controllers: Iterable[str]) -> str | None:
     """The oldest live controller host among `controllers`: by its node's start, ties broken
-    by the node's address (then by name, so every host agrees); None when none lives."""
+    by the node's address (then by name, so every host agrees); None when none lives. A host
+    whose node is draining is elected only when every one is."""
     live = [name for name in controllers if name in snapshot.live_hosts]
-    return min(live, key=lambda name: _age(snapshot, name), default=None)
+    staying = [name for name in live if snapshot.hosts[name] not in snapshot.draining]
+    return min(staying or live, key=lambda name: _age(snapshot, name), default=None)
 
 
 def recovers(

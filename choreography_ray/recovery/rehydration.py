@@ -18,11 +18,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from ..engine.job import JobActivation
 from ..engine.manager import INTERRUPTED_STATUSES, JobsManager
-from ..jobs.errors import JobQuarantinedError, OwnedElsewhereError, UnknownTypeError
+from ..jobs.errors import (
+    ChoreographyError,
+    JobNotFoundError,
+    JobQuarantinedError,
+    OwnedElsewhereError,
+    UnknownTypeError,
+)
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobState
-from ..jobs.status import STOP_STATUSES, JobStatus
+from ..jobs.status import RUNNING_JOB_STATUSES, STOP_STATUSES, JobStatus
 
 log = logging.getLogger("choreography_ray.recovery")
 
@@ -161,6 +168,25 @@ class Rehydration:
                 ", ".join([*report.resumed, *report.finished_stops]),
             )
         return report
+
+    async def recover_now(self, job_id: str) -> JobActivation | None:
+        """Bring back a job no activation here holds — a worker reported for it, another
+        controller host handed it over — counted as a recovery (a report may be what
+        activates a poison job). None, logged, when it cannot be: its outcomes are stored,
+        and its next recovery counts them. `OwnedElsewhereError` when another live host runs
+        it: the caller sends there."""
+        try:
+            live = await self.manager.activate(job_id, recovering=True)
+            if live.state.status in RUNNING_JOB_STATUSES:
+                await self.manager.attempts.run(live, partial(live.resume, recovering=True))
+            return live
+        except OwnedElsewhereError:
+            raise
+        except JobNotFoundError:
+            log.info("job %s no longer exists; its outcomes were dropped", job_id)
+        except ChoreographyError as error:  # quarantined, refused, or its resume failed
+            log.warning("job %s could not be recovered now: %s", job_id, error)
+        return None
 
     def recover_later(self, job_id: str) -> None:
         """Bring back a job a storage failure let go: one chain of attempts per job."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ..engine.clock import Clock
@@ -59,6 +59,11 @@ class Participant(Protocol):
 
     async def taking_down(self) -> bool:
         """Whether the cluster's hosts are being stopped (`down`): then none is started."""
+        ...
+
+    async def nodes_draining(self, drains: Mapping[str, float]) -> None:
+        """Ray began to drain these nodes (node id -> when they go, seconds since the epoch,
+        0 for no deadline): their hosts take no new work and hand theirs over."""
         ...
 
     async def retired(self, node_id: str) -> bool:
@@ -138,13 +143,17 @@ class MembershipWatch:
             return change
         log.info(
             "%s: membership changed: dead nodes %s, joined nodes %s, hosts gone %s, "
-            "hosts appeared %s",
+            "hosts appeared %s, draining nodes %s",
             self.host.name,
             sorted(change.dead_nodes),
             sorted(change.joined_nodes),
             sorted(change.hosts_gone),
             sorted(change.hosts_appeared),
+            sorted(change.draining_nodes),
         )
+        if change.draining_nodes:
+            drains = {node: snapshot.draining[node] for node in change.draining_nodes}
+            self._spawn(self.host.nodes_draining(drains))
         if change.hosts_gone or change.hosts_appeared:
             self._spawn(self.host.hosts_changed())
         if change.hosts_gone:
@@ -227,8 +236,8 @@ class MembershipWatch:
                 node_id,
             )
             return  # `up` starts them, and clears the mark
-        if await self.host.retired(node_id):
-            return  # its hosts left it on purpose; the autoscaler may remove it
+        if node_id in snapshot.draining or await self.host.retired(node_id):
+            return  # it is going (drained), or its hosts left it for the autoscaler
         await self.host.start_node(snapshot.nodes[node_id])
         self.started.append(node_id)
 

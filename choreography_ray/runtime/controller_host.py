@@ -28,6 +28,7 @@ from .autoscaling import AutoscaleRequests
 from .constants import controller_name
 from .controller_recovery import ControllerRecovery
 from .dispatch import RayDispatcher
+from .draining import Drains
 from .host import Host
 from .host_process import rss_kb
 from .metrics import Metrics
@@ -46,6 +47,7 @@ class ControllerHost(Host):
         self.managers: dict[JobKey, JobsManager] = {}
         self.metrics = Metrics("controller")
         self.recovery = ControllerRecovery(self)
+        self.drains = Drains(self)
         self.autoscaling = AutoscaleRequests(
             self,
             elected=lambda: self.recovery.elected,
@@ -68,6 +70,19 @@ class ControllerHost(Host):
     def _start_hosts_of(self, node_id: str) -> None:
         if self.recovery.membership is not None:
             self.recovery.membership.start_hosts_of(node_id)
+
+    @property
+    def elected(self) -> bool:
+        return self.recovery.elected
+
+    async def nodes_draining(self, drains: dict[str, float]) -> None:
+        """Ray drains these nodes (`runtime/draining.py`)."""
+        await self.drains.nodes_draining(drains)
+
+    async def adopt(self, key: JobKey, job_id: str) -> None:
+        """A job a controller host whose node drains handed to this one: recover it now."""
+        await self.ready()
+        await self.manager(key).adopt(job_id)
 
     async def hosts_lost(self, names: set[str]) -> int:
         """Worker hosts that are gone: their steps are sent again (`ControllerRecovery`)."""
@@ -135,6 +150,12 @@ class ControllerHost(Host):
         self, key: JobKey, job_type: str, request: Payload, job_id: str | None
     ) -> JobStartResult:
         await self.ready()
+        if self.drains.leaving and (successors := self.drains.successors()):
+            # This node goes: the job starts on a controller host that stays.
+            started: JobStartResult = await self.routes.call(
+                successors[0], "start", key, job_type, request, job_id
+            )
+            return started
         job_class = default_registry.resolve(job_type, TypeKind.JOB)
         typed = default_registry.load(request, TypeKind.REQUEST)
         result = await self.manager(key).start(job_class, typed, job_id=job_id)  # type: ignore[arg-type]
@@ -206,6 +227,7 @@ class ControllerHost(Host):
             "live_jobs": sum(len(manager.active_jobs) for manager in self.managers.values()),
             **self.recovery.stats(),
             **self.autoscaling.stats(),
+            **self.drains.stats(),
             "rss_kb": rss_kb(),
         }
 

@@ -63,3 +63,7 @@ class ControllerPort(Protocol):
     async def hosts_lost(self, names: set[str]) -> int:
         """Worker hosts that are gone: their steps are sent again."""
         ...
+
+    async def nodes_draining(self, drains: dict[str, float]) -> None:
+        """Ray drains these nodes: their hosts take no new work and hand theirs over."""
+        ...

@@ -15,8 +15,8 @@ from ..placement.capability import HostAdvert
 from ..placement.choice import HostLoad, Placement
 from .adverts import read_adverts
 from .config import require_config
-from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, controller_name
-from .directory import actor_names
+from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, controller_name, host_node
+from .directory import actor_names, draining_nodes
 
 
 class ControllerRouting:
@@ -73,8 +73,10 @@ class ControllerRouting:
             local = controller_name(ray.get_runtime_context().get_node_id())
             preferred = self._handle_name if self._handle is not None else local
             adverts = self._adverts.get(names)
+            load = self._load.get(names, adverts)
+            staying = [n for n in names if host_node(n) not in self._load.draining] or names
             chosen = self._placement.controller(
-                job_type, names, adverts, preferred or local, self._load.get(names, adverts)
+                job_type, staying, adverts, preferred or local, load
             )
             self._load.started(chosen)
             if self._handle is not None and self._handle_name == chosen:
@@ -138,11 +140,14 @@ class LoadCache:
         self.timeout = timeout
         self._read_at = -float("inf")
         self._load: dict[str, HostLoad] = {}
+        self.draining: set[str] = set()
+        """The nodes Ray drains, as last read: a new job goes to a controller that stays."""
 
     def get(self, hosts: list[str], adverts: dict[str, HostAdvert]) -> dict[str, HostLoad]:
         now = time.monotonic()
         if len(hosts) > 1 and (now - self._read_at >= self.seconds or set(hosts) - set(self._load)):
             self._load = self._read(hosts, adverts)
+            self.draining = set(draining_nodes())
             self._read_at = now
         return self._load
 

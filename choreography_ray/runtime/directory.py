@@ -70,3 +70,21 @@ class RayDirectory:
 
     def dead(self, error: BaseException) -> bool:
         return isinstance(error, ray.exceptions.ActorDiedError)
+
+
+def draining_nodes() -> dict[str, float]:
+    """The nodes Ray drains now, with when each is to go (seconds since the epoch, 0 for no
+    deadline), from the control store's draining-node table; empty when it cannot be read.
+
+    `ray.nodes()` shows a draining node as alive like any other; the table is read through
+    the control store client, as Ray Serve reads it (docs/decisions.md)."""
+    try:
+        client = ray._private.worker.global_worker.gcs_client
+        table = client.get_draining_nodes(timeout=10)
+    except Exception as error:
+        log.warning("the draining nodes could not be read: %s", error)
+        return {}
+    return {
+        (node.hex() if isinstance(node, bytes | bytearray) else str(node)): deadline / 1000
+        for node, deadline in table.items()
+    }

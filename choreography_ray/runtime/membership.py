@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -22,7 +23,7 @@ from ..recovery.watch import MembershipWatch
 from .config import retired_nodes, taking_down
 from .constants import CONTROLLER_PREFIX, host_node
 from .controller_port import ControllerPort
-from .directory import actor_names, host_incarnations
+from .directory import actor_names, draining_nodes, host_incarnations
 from .host_process import cluster_config
 from .node_hosts import create_node_hosts, facts_of, roles_of
 
@@ -77,7 +78,7 @@ class RayCluster:
             for name in hosts
             if (actor := alive.get(name) or self._incarnations.get(name)) is not None
         }
-        return ClusterSnapshot.of(nodes, hosts, self._incarnations)
+        return ClusterSnapshot.of(nodes, hosts, self._incarnations, draining_nodes())
 
 
 def node_start_times() -> dict[str, float]:
@@ -131,6 +132,9 @@ class ControllerParticipant:
 
     async def taking_down(self) -> bool:
         return await asyncio.to_thread(taking_down, self.host.namespace)
+
+    async def nodes_draining(self, drains: Mapping[str, float]) -> None:
+        await self.host.nodes_draining(dict(drains))
 
     async def retired(self, node_id: str) -> bool:
         return node_id in await asyncio.to_thread(retired_nodes, self.host.namespace)

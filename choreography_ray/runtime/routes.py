@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..engine.clock import Clock
@@ -74,8 +74,11 @@ class Routes:
         """The handle being pinged, per suspect: a replacement listed meanwhile is pinged too."""
         self._pings: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
+        self._draining: set[str] = set()
+        """Hosts on nodes Ray drains: still called, never given new work."""
         self.workers: list[str] = []
-        """Live worker hosts, sorted; replaced (never changed in place) when the table changes."""
+        """Live worker hosts that take new work (not draining), sorted; replaced (never
+        changed in place) when the table changes."""
         self.controllers: list[str] = []
         """Live controller hosts, sorted."""
 
@@ -88,6 +91,12 @@ class Routes:
         no longer lists it. A host that only did not answer in time is not dead: it stays a
         suspect until it answers again or vanishes."""
         self._dead_listeners.append(listener)
+
+    def drain(self, names: Iterable[str]) -> None:
+        """Hosts whose node Ray drains: they leave `workers` (no new step goes there) but stay
+        callable (their runs are stopped and moved, their queued runs handed back)."""
+        self._draining.update(names)
+        self._changed([])
 
     def on_joined(self, listener: Callable[[list[str]], None]) -> None:
         """Call `listener(names)` when a reading finds hosts the table did not have (a node
@@ -244,7 +253,8 @@ class Routes:
 
     def _changed(self, lost: list[str]) -> None:
         names = sorted(self._handles)
-        self.workers = [n for n in names if n.startswith(WORKER_PREFIX)]
+        self._draining &= set(names)
+        self.workers = [n for n in names if n.startswith(WORKER_PREFIX) and n not in self._draining]
         self.controllers = [n for n in names if n.startswith(CONTROLLER_PREFIX)]
         for name in lost:
             log.warning("host %s is gone", name)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +29,8 @@ from .host import Host
 from .host_process import rss_kb
 from .metrics import Metrics
 from .sync_steps import RaySyncStepRunner
+
+log = logging.getLogger("choreography_ray.runtime")
 
 
 class WorkerHost(Host):
@@ -58,6 +62,7 @@ class WorkerHost(Host):
         )
         self.worker.metrics = self.metrics
         self._flusher: asyncio.Task[None] | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     async def refresh(self) -> list[str]:
         """Import job modules added to the configuration; the ones that failed, with reasons."""
@@ -105,6 +110,29 @@ class WorkerHost(Host):
         """Hand back a share of the job's queued runs, not started, for hosts that joined."""
         await self.ready()
         return self.worker.give_up(job_key, job_id, share)
+
+    async def drain(self, deadline: float) -> float:
+        """Ray drains this host's node, which goes at `deadline` (seconds since the epoch; 0:
+        none): runs that are still here `step_stop_timeout` before it are stopped, so that
+        they write their outcome and run again elsewhere before the node dies. Returns in
+        how many seconds that is."""
+        await self.ready()
+        if not deadline:
+            return -1.0  # no deadline: the queued runs moved; the rest finish here
+        margin = self.options.step_stop_timeout.total_seconds()
+        delay = max(0.0, deadline - time.time() - margin)
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._stop_at(delay))
+        return delay
+
+    async def _stop_at(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        stopped = self.worker.stop_all()
+        log.warning(
+            "worker host %s: its node goes soon; %d run(s) stopped, to run again elsewhere",
+            self.name,
+            stopped,
+        )
 
     async def retire(self) -> bool:
         """Leave the node, idle, so that Ray's autoscaler can remove it (a 0-CPU actor keeps

@@ -78,6 +78,8 @@ class InProcessCluster:
         self.report_fault: BaseException | None = None
         self.start_batches: list[int] = []
         self.sent: list[tuple[str, str]] = []
+        self.draining: set[str] = set()
+        """Worker hosts whose node drains: no start goes there (`drain_worker`)."""
         """(worker host, step id) of every start sent, in order."""
 
     # -- wiring ---------------------------------------------------------------------------------
@@ -149,6 +151,15 @@ class InProcessCluster:
         if tell:
             await self.hosts_lost({name})
 
+    async def drain_worker(self, name: str) -> int:
+        """Ray drains the worker host's node: it takes no new start, and every manager moves
+        the runs of its jobs queued there to the other hosts. Returns how many moved."""
+        self.draining.add(name)
+        moved = 0
+        for manager in list(self.managers.values()):
+            moved += await manager.hosts_draining(frozenset({name}))
+        return moved
+
     async def partition_worker(self, name: str) -> StepWorker:
         """The worker host is declared dead while its process runs on (a partition, a frozen
         node): it leaves the cluster and every manager sends its steps again elsewhere, but
@@ -178,11 +189,11 @@ class InProcessCluster:
         if not self.workers:
             raise NoEligibleJobWorker("no worker host is running in this cluster")
         self.start_batches.append(len(starts))
-        names = list(self.workers)
+        names = [name for name in self.workers if name not in self.draining] or list(self.workers)
         shares: dict[str, list[StepStart]] = {}
         for start in starts:
             host = sticky.get(start.step_id)
-            if host not in self.workers:
+            if host not in names:
                 host = names[self._turn % len(names)]
                 self._turn += 1
             shares.setdefault(host, []).append(start)

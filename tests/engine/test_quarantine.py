@@ -301,7 +301,7 @@ def test_a_report_for_a_quarantined_job_does_not_activate_it(run, cluster, scrip
     assert "`choreography jobs resume poison` takes it out" in message and "\n" not in message
     assert live is None  # the report activated nothing
     assert after.version == quarantined.version
-    assert "outcomes for job poison were not counted: job 'poison' is quarantined" in caplog.text
+    assert "job poison could not be recovered now: job 'poison' is quarantined" in caplog.text
 
 
 def test_reports_that_activate_a_poison_job_count_as_its_recoveries(run, cluster, script):

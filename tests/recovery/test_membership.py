@@ -4,6 +4,7 @@ that reacts, under a fake clock."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -179,6 +180,7 @@ class Host:
         self.pass_gate: asyncio.Event | None = None
         self.down = False
         self.retired_nodes: set[str] = set()
+        self.drains: list[dict[str, float]] = []
         """`choreography down` marked the cluster as being taken down."""
 
     def is_controller(self, host: str) -> bool:
@@ -209,6 +211,9 @@ class Host:
 
     async def retired(self, node_id: str) -> bool:
         return node_id in self.retired_nodes
+
+    async def nodes_draining(self, drains: Mapping[str, float]) -> None:
+        self.drains.append(dict(drains))
 
 
 class Readings:
@@ -586,5 +591,39 @@ def test_the_watch_says_whether_its_host_is_elected_for_single_duties(run: Any) 
         assert second.elected
         head.close()
         second.close()
+
+    run(scenario())
+
+
+def _draining(base: ClusterSnapshot, **drains: float) -> ClusterSnapshot:
+    return ClusterSnapshot(base.nodes, base.hosts, base.incarnations, drains)
+
+
+def test_a_node_that_begins_to_drain_is_a_change_once() -> None:
+    drained = _draining(FULL, w1=1_000.0)
+    change = diff(FULL, drained)
+    assert change.draining_nodes == {"w1"} and not change.empty and not change.losses
+    assert diff(drained, _draining(FULL, w1=1_000.0)).empty  # still draining: nothing new
+
+
+def test_a_controller_whose_node_drains_is_not_elected_while_another_stays() -> None:
+    controllers = [name for name in FULL.hosts if name.startswith("c:")]
+    assert elected(FULL, controllers) == "c:head"  # the oldest
+    assert elected(_draining(FULL, head=1_000.0), controllers) == "c:second"
+    both = _draining(FULL, head=1_000.0, second=1_000.0)
+    assert elected(both, controllers) == "c:head"  # all drain: the oldest still
+
+
+def test_the_watch_tells_its_host_of_a_node_that_begins_to_drain_once(run: Any) -> None:
+    async def scenario() -> None:
+        clock, host = FakeClock(), Host()
+        readings = Readings(FULL)
+        watch = await _watching(host, readings, clock)
+        readings.then(_draining(FULL, w2=1_000.0))
+        await _tick(clock, readings)
+        await _tick(clock, readings)  # the same drain read again: told once
+        await settle()
+        assert host.drains == [{"w2": 1_000.0}]
+        watch.close()
 
     run(scenario())
