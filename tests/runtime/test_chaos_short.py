@@ -1,0 +1,34 @@
+"""A short chaos soak in CI (`benchmarks/chaos.py`): every fault of the rotation once, about
+15 s apart, over six jobs in three partitions from two drivers, on a multi-node Ray with GCS
+fault tolerance on the machine's Redis and a PostgreSQL server of the soak's own. Every job
+completes with exact counts, every stored success has its side effect, and no stored success
+runs again."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
+
+
+def _chaos():
+    spec = importlib.util.spec_from_file_location("chaos_benchmark", BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_short_chaos_soak_loses_nothing_and_runs_no_success_twice() -> None:
+    chaos = _chaos()
+    soak = chaos.Soak(minutes=2.0, every=15.0, jobs=6, steps=100, faults=len(chaos.FAULTS))
+    report = soak.run()
+    print("\n" + "\n".join(report.lines()))
+    assert {fault.kind for fault in report.faults} == set(chaos.FAULTS)  # each kind once
+    assert report.incomplete == []
+    assert report.missing_effects == 0
+    assert report.stored_rerun == 0
+    assert max(report.longest_stall.values()) < 45.0
