@@ -82,7 +82,7 @@ def build_plan(details: list[StepDetails], registry: TypeRegistry) -> list[Plann
         del checked, payloads
         details[start : start + PLAN_CHUNK] = [None] * (
             min(start + PLAN_CHUNK, len(details)) - start
-        )  # type: ignore[list-item]
+        )
     return plan
 
 

@@ -137,7 +137,7 @@ class ControllerHost(Host):
         await self.ready()
         job_class = default_registry.resolve(job_type, TypeKind.JOB)
         typed = default_registry.load(request, TypeKind.REQUEST)
-        result = await self.manager(key).start(job_class, typed, job_id=job_id)  # type: ignore[arg-type]
+        result = await self.manager(key).start(job_class, typed, job_id=job_id)
         self.metrics.job_started(job_type, result.succeeded)
         return result
 

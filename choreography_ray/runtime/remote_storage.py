@@ -136,9 +136,9 @@ class RemoteMemoryStorage(StorageProvider):
         bound = self.bound
         return JobsStorage(
             key=key,
-            jobs=_Forward(self.actor, key, "jobs", bound),  # type: ignore[arg-type]
-            steps=_Forward(self.actor, key, "steps", bound),  # type: ignore[arg-type]
-            plans=_Forward(self.actor, key, "plans", bound),  # type: ignore[arg-type]
+            jobs=_Forward(self.actor, key, "jobs", bound),
+            steps=_Forward(self.actor, key, "steps", bound),
+            plans=_Forward(self.actor, key, "plans", bound),
         )
 
 
