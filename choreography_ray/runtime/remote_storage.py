@@ -95,7 +95,7 @@ class RemoteMemoryStorage(StorageProvider):
         options: JobsOptions | None = None,
     ) -> None:
         super().__init__(url, registry=registry or default_registry, options=options)
-        self.actor = (
+        self.actor: Any = (  # an actor handle: its methods are Ray's, found at run time
             ray.remote(StorageActor)
             .options(
                 name=STORAGE_ACTOR,
