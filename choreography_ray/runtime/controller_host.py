@@ -7,6 +7,7 @@ outcomes worker hosts report, and takes part in recovery (`controller_recovery`)
 from __future__ import annotations
 
 import asyncio
+import builtins
 from typing import Any
 
 from ..engine.context import EngineContext
@@ -177,7 +178,7 @@ class ControllerHost(Host):
     async def drain(self, key: JobKey, job_id: str, within: float) -> DrainOutcome:
         return await self._owned(key, job_id, "drain", within)
 
-    async def deliver(self, key: JobKey, job_id: str, packed: list[PackedReport]) -> None:
+    async def deliver(self, key: JobKey, job_id: str, packed: builtins.list[PackedReport]) -> None:
         """Step outcomes from a worker host, already durable."""
         reports = unpack_reports(packed)
         self.metrics.outcomes(reports)
