@@ -77,13 +77,13 @@ def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
     from .runtime.constants import controller_name, worker_name
 
     node = ray.get_runtime_context().get_node_id()
-    controller = ray.get_actor(controller_name(node), namespace=namespace)
+    controller: Any = ray.get_actor(controller_name(node), namespace=namespace)
     stats = {"controller": ray.get(controller.stats.remote())}
     workers = []
     index = 0
     while True:  # every worker host of this node, summed; peak memory is the largest
         try:
-            handle = ray.get_actor(worker_name(node, index), namespace=namespace)
+            handle: Any = ray.get_actor(worker_name(node, index), namespace=namespace)
         except ValueError:
             break
         workers.append(ray.get(handle.stats.remote()))
@@ -177,8 +177,11 @@ def actor_per_step(steps: int) -> float:
             return n
 
     began = time.perf_counter()
+    # mypy keeps a decorated class's own type: it cannot see that ray.remote made an ActorClass.
     actors = [
-        StepActor.options(lifetime="detached", name=f"bench-step-{n}-{time.time_ns()}").remote()
+        StepActor.options(  # type: ignore[attr-defined]
+            lifetime="detached", name=f"bench-step-{n}-{time.time_ns()}"
+        ).remote()
         for n in range(steps)
     ]
     ray.get([actor.perform.remote(n) for n, actor in enumerate(actors)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated
 
@@ -116,7 +117,7 @@ def bench(
 
     table = Table("", "steps/s", "vs plain Ray", "p50 latency s", "p99 latency s")
     with tempfile.TemporaryDirectory() as workdir:
-        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         try:
             configs = {}
             for name, parallel, workers in (

@@ -103,7 +103,7 @@ class RayClusterView:
     async def _figures(self, name: str) -> HostView:
         role = "controller" if name.startswith(CONTROLLER_PREFIX) else "worker"
         try:
-            handle = ray.get_actor(name, namespace=self.namespace)
+            handle: Any = ray.get_actor(name, namespace=self.namespace)
             stats = await asyncio.wait_for(
                 asyncio.wrap_future(handle.stats.remote().future()), HOST_ANSWER_SECONDS
             )

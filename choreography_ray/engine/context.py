@@ -46,8 +46,8 @@ class EngineContext:
 async def maybe_await(value: T | Awaitable[T]) -> T:
     """Hooks may be plain or async methods."""
     if inspect.isawaitable(value):
-        return await value  # type: ignore[no-any-return]
-    return value  # type: ignore[return-value]
+        return await value
+    return value
 
 
 def error_messages(error: BaseException) -> list[str]:

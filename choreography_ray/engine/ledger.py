@@ -46,8 +46,8 @@ class Counted(set[str]):
             if stage is not None:
                 self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
 
-    def discard(self, step_id: str) -> None:
-        if step_id in self:
+    def discard(self, step_id: object) -> None:
+        if isinstance(step_id, str) and step_id in self:
             super().discard(step_id)
             stage = self._stage_of.get(step_id)
             if stage is not None:

@@ -140,7 +140,7 @@ class JobsManager:
             self._recovery.recover_later(activation.id)
 
     def _job_class(self, type_name: str) -> type[Job[Any]]:
-        return self.ctx.registry.resolve(type_name, TypeKind.JOB)  # type: ignore[return-value]
+        return self.ctx.registry.resolve(type_name, TypeKind.JOB)
 
     def _new_activation(self, state: JobState) -> JobActivation:
         activation = JobActivation(

@@ -80,7 +80,7 @@ class Outbox:
         it (a job that no longer exists answers that there is nothing left to report)."""
         delay = self.options.step_delivery_retry_delay.total_seconds()
         cap = self.options.max_step_delivery_retry_delay.total_seconds()
-        limit = self.options.step_delivery_max_attempts
+        limit: int | None = self.options.step_delivery_max_attempts
         if any(report.status == JobStepStatus.REMOVING for report in reports):
             limit = None
         attempt = 0

@@ -8,6 +8,7 @@ checks that on the JSON text storage writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..jobs.errors import ChoreographyError
 from ..jobs.job import StepDetails
@@ -25,12 +26,13 @@ PLAN_CHUNK = 10_000
 them is let go before the next chunk, so a plan of a million steps never exists twice."""
 
 
-def build_plan(details: list[StepDetails], registry: TypeRegistry) -> list[PlannedStep]:
+def build_plan(details: list[Any], registry: TypeRegistry) -> list[PlannedStep]:
     """The plan of `details`, checked; raises `InvalidPlan` with a reason a person can act on.
 
     Requests are written and checked in batches per class (`TypeRegistry.dump_requests`):
     a plan of 100,000 steps is checked in a few calls rather than 100,000 round trips.
-    `details` is consumed: each chunk's entries are cleared once planned."""
+    `details` is what `prepare_steps` returned, each entry checked to be a `StepDetails`; it
+    is consumed: each chunk's entries are cleared once planned."""
     plan: list[PlannedStep] = []
     seen: set[str] = set()
     names: dict[type, str] = {}  # a plan of thousands of steps has a handful of step types
@@ -82,7 +84,7 @@ def build_plan(details: list[StepDetails], registry: TypeRegistry) -> list[Plann
         del checked, payloads
         details[start : start + PLAN_CHUNK] = [None] * (
             min(start + PLAN_CHUNK, len(details)) - start
-        )  # type: ignore[list-item]
+        )
     return plan
 
 

@@ -198,7 +198,7 @@ class RecoveryAttempts:
         job_id = activation.id
         running = self._running.get(job_id)
         if running is not None and running[0] is activation and not running[1].done():
-            return await asyncio.shield(running[1])  # type: ignore[no-any-return]
+            return await asyncio.shield(running[1])
         task = asyncio.ensure_future(self._counted(activation, recovery))
         self._running[job_id] = (activation, task)
         try:

@@ -237,6 +237,7 @@ class StepRun(StepContext):
                 error,
             )
         else:
+            assert report is not None  # set by `_settle` with the write it reports
             if self._started is not None:
                 self.worker.metrics.step_finished(
                     report.status, time.perf_counter() - self._started

@@ -39,14 +39,31 @@ class CallbackRejected(ChoreographyError):
     """Raised when step work calls back (checkpoint, progress) into a run that is over."""
 
 
+class SyncRunner(Protocol):
+    """Runs a synchronous `perform` off the event loop: `SyncStepRunner` in threads here, a Ray
+    task pinned to the host's node on Ray."""
+
+    in_flight: int
+    """Runs performing now."""
+
+    async def run(
+        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
+    ) -> Any: ...
+
+    def close(self) -> None:
+        """The worker shuts down: nothing more is run."""
+
+
 class SyncStepRunner:
-    """Runs a synchronous `perform` off the event loop: a thread here, a Ray task on Ray."""
+    """Runs a synchronous `perform` off the event loop, in a thread."""
 
     def __init__(self, executor: Executor | None = None) -> None:
         self._executor = executor or ThreadPoolExecutor(thread_name_prefix="choreography-step")
         self.in_flight = 0
 
-    async def run(self, step: JobStep[Any, Any, Any], state: BaseModel, ctx: StepContext) -> Any:
+    async def run(
+        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
+    ) -> Any:
         self.in_flight += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
@@ -79,7 +96,7 @@ class RunHost(Protocol):
     node_id: str
     activation_id: str
     host: str
-    sync_runner: SyncStepRunner
+    sync_runner: SyncRunner
     metrics: StepMetrics
     closed: bool
     """The host shuts down: a run that settles afterwards writes and reports nothing."""

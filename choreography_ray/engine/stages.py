@@ -374,7 +374,7 @@ class Stages:
         self.core.spawn(self._send_again(batch, interval.total_seconds()))
         return 0
 
-    def _wait_for_worker(self, error: NoEligibleJobWorker) -> bool:
+    def _wait_for_worker(self, error: BaseException) -> bool:
         """Whether a starting job waits for a worker rather than failing its steps: it does
         until `worker_wait_timeout` has passed since it began to wait (recorded in the job's
         state, so that the wait outlives this activation)."""

@@ -36,7 +36,7 @@ from .messages import (
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
 from .run import StepRun
-from .run_host import CallbackRejected, RunKey, StepMetrics, SyncStepRunner
+from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner
 from .run_queue import RunQueue
 from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, StepWriters, Tracked
@@ -59,7 +59,7 @@ class StepWorker:
         clock: Clock,
         reporter: JobReporter,
         max_parallel_steps: int | None = None,
-        sync_runner: SyncStepRunner | None = None,
+        sync_runner: SyncRunner | None = None,
         node_id: str = "local",
         activation_id: str = "local",
         host: str = "local",
@@ -71,7 +71,7 @@ class StepWorker:
         self.clock = clock
         self.reporter = reporter
         self.max_parallel_steps = max_parallel_steps or options.effective_max_parallel_steps
-        self.sync_runner = sync_runner or SyncStepRunner()
+        self.sync_runner: SyncRunner = sync_runner or SyncStepRunner()
         self.node_id = node_id
         self.activation_id = activation_id
         self.host = host

@@ -4,7 +4,7 @@ Nothing here imports Ray or a storage driver: declaring a job touches neither.
 """
 
 from .errors import *  # noqa: F403
-from .errors import __all__ as _errors_all  # type: ignore[attr-defined]
+from .errors import __all__ as _errors_all
 from .job import (
     Job,
     JobInfo,

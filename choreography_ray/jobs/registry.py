@@ -295,7 +295,7 @@ def _list_adapter(cls: type) -> TypeAdapter[Any]:
 
 def _kind(kind: TypeKind | str) -> TypeKind:
     """Most callers pass a `TypeKind` already; calling the enum costs a microsecond anyway."""
-    return kind if kind.__class__ is TypeKind else TypeKind(kind)  # type: ignore[return-value]
+    return kind if kind.__class__ is TypeKind else TypeKind(kind)
 
 
 def _kinds_match(registered: TypeKind, wanted: TypeKind) -> bool:

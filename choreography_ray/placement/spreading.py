@@ -151,8 +151,10 @@ def spread(
     `NoEligibleJobWorker`; a step named in `sticky` goes to that host while it is among them.
     What each host takes is added to `loads`."""
     groups: dict[str, Sequence[StepStart]]
-    if step_types is None or step_types.single is not None:
-        groups = {step_types.single if step_types is not None else "": starts}
+    if step_types is None:
+        groups = {"": starts}
+    elif step_types.single is not None:
+        groups = {step_types.single: starts}
     else:
         of = step_types.of
         by_type: dict[str, list[StepStart]] = {}

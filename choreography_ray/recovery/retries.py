@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
+from typing import Any, Generic, TypeVar
 
 from ..engine.clock import Clock
 
@@ -102,7 +102,9 @@ class Startup:
     it failed, by the next caller or by the retries, so one storage error at start never
     breaks a host for good."""
 
-    def __init__(self, start: Callable[[], Awaitable[None]], clock: Clock, *, what: str) -> None:
+    def __init__(
+        self, start: Callable[[], Coroutine[Any, Any, None]], clock: Clock, *, what: str
+    ) -> None:
         self._start = start
         self._task: asyncio.Task[None] | None = None
         self._retries: Retries[str] = Retries(self._begin, clock, what=what)

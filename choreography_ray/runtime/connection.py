@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -192,7 +193,7 @@ def init_ray(
             namespace=namespace,
             runtime_env=runtime_env,
             include_dashboard=False,
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
             log_to_driver=False,
         )
     except ray.exceptions.AuthenticationError:
@@ -236,7 +237,7 @@ def _check_authenticated(gcs_address: str, address: str) -> None:
     `ray.init` retries that for 20 seconds before it gives up with "Failed to connect". One
     request tells at once; any other failure is left for `ray.init` to report.
     """
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # not in Ray's _raylet.pyi
 
     with quiet_stderr():
         try:

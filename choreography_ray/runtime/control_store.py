@@ -52,7 +52,7 @@ class ControlStore:
     """Reads of one cluster's control store, each bounded by `CALL_SECONDS`."""
 
     def __init__(self, address: str) -> None:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # not in Ray's _raylet.pyi
         from ray.exceptions import AuthenticationError
 
         from .connection import auth_message, check_reachable, quiet_stderr

@@ -7,6 +7,7 @@ outcomes worker hosts report, and takes part in recovery (`controller_recovery`)
 from __future__ import annotations
 
 import asyncio
+import builtins
 from typing import Any
 
 from ..engine.context import EngineContext
@@ -158,7 +159,7 @@ class ControllerHost(Host):
             return started
         job_class = default_registry.resolve(job_type, TypeKind.JOB)
         typed = default_registry.load(request, TypeKind.REQUEST)
-        result = await self.manager(key).start(job_class, typed, job_id=job_id)  # type: ignore[arg-type]
+        result = await self.manager(key).start(job_class, typed, job_id=job_id)
         self.metrics.job_started(job_type, result.succeeded)
         return result
 
@@ -198,7 +199,7 @@ class ControllerHost(Host):
     async def drain(self, key: JobKey, job_id: str, within: float) -> DrainOutcome:
         return await self._owned(key, job_id, "drain", within)
 
-    async def deliver(self, key: JobKey, job_id: str, packed: list[PackedReport]) -> None:
+    async def deliver(self, key: JobKey, job_id: str, packed: builtins.list[PackedReport]) -> None:
         """Step outcomes from a worker host, already durable."""
         reports = unpack_reports(packed)
         self.metrics.outcomes(reports)

@@ -163,7 +163,7 @@ class LoadCache:
         from ray._private.state import available_resources_per_node
 
         free = available_resources_per_node()
-        calls = {}
+        calls: dict[str, Any] = {}
         for name in hosts:
             try:
                 calls[name] = ray.get_actor(name, namespace=self.namespace).activations.remote()

@@ -41,7 +41,7 @@ def host_incarnations(namespace: str) -> dict[str, str] | None:
 
         found: dict[str, str] = {}
         for raw in state._connect_and_get_accessor().get_actor_table(None, "ALIVE"):
-            actor = gcs_pb2.ActorTableData.FromString(raw)
+            actor = gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]  # protobuf
             if actor.ray_namespace == namespace and actor.name.startswith(HOST_PREFIXES):
                 found[actor.name] = actor.actor_id.hex()
         return found

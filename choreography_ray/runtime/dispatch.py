@@ -154,7 +154,7 @@ class RayDispatcher:
         )
         for name, answer in zip(names, answers, strict=True):
             try:
-                runs, capacity = answer
+                runs, capacity = answer  # type: ignore[misc]  # an error: TypeError, skipped below
                 self.loads.answered(name, WorkerLoad(int(runs), int(capacity)), asked[name])
             except (TypeError, ValueError):
                 # No answer, or not one of this release (an older host has no `load`): the

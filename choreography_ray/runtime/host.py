@@ -110,4 +110,4 @@ class Host:
 
 def _by_module(failed: list[str]) -> dict[str, str]:
     """`import_modules`' failures ("module: reason") by module."""
-    return dict(failure.split(": ", 1) if ": " in failure else (failure, "") for failure in failed)
+    return {module: reason for module, _, reason in (f.partition(": ") for f in failed)}

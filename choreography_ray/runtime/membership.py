@@ -88,7 +88,8 @@ def node_start_times() -> dict[str, float]:
     `ray.nodes()` leaves the start out, so this reads the node table through the driver's
     control store client, which Ray does not document (see docs/decisions.md)."""
     try:
-        client = ray._private.worker.global_worker.gcs_client
+        # Set on Ray's worker when it connects; its class does not declare it.
+        client = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
         infos = client.get_all_node_info(timeout=10)
         return {node_id.hex(): info.start_time_ms / 1000 for node_id, info in infos.items()}
     except Exception as error:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from ..engine.messages import StepReport
+from ..engine.run_host import StepMetrics
 from ..jobs.status import JobStatus, JobStepStatus
 
 log = logging.getLogger("choreography_ray.runtime")
@@ -23,8 +24,9 @@ _OBSERVED_PER_SECOND = 200
 _DURATION_BOUNDARIES = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800]
 
 
-class Metrics:
-    """Counters and a histogram of one host; a no-op where Ray's metrics are unavailable."""
+class Metrics(StepMetrics):
+    """Counters and a histogram of one host; a no-op where Ray's metrics are unavailable. A
+    worker host's worker counts its steps here."""
 
     def __init__(self, role: str) -> None:
         self.role = role

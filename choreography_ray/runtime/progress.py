@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ..jobs.state import JobState
 
@@ -16,7 +23,7 @@ class ProgressBar:
         self.enabled = enabled
         self.description = description
         self._progress: Progress | None = None
-        self._task: int | None = None
+        self._task: TaskID | None = None
 
     def __enter__(self) -> ProgressBar:
         return self

@@ -95,7 +95,7 @@ class RemoteMemoryStorage(StorageProvider):
         options: JobsOptions | None = None,
     ) -> None:
         super().__init__(url, registry=registry or default_registry, options=options)
-        self.actor = (
+        self.actor: Any = (  # an actor handle: its methods are Ray's, found at run time
             ray.remote(StorageActor)
             .options(
                 name=STORAGE_ACTOR,
@@ -136,9 +136,9 @@ class RemoteMemoryStorage(StorageProvider):
         bound = self.bound
         return JobsStorage(
             key=key,
-            jobs=_Forward(self.actor, key, "jobs", bound),  # type: ignore[arg-type]
-            steps=_Forward(self.actor, key, "steps", bound),  # type: ignore[arg-type]
-            plans=_Forward(self.actor, key, "plans", bound),  # type: ignore[arg-type]
+            jobs=_Forward(self.actor, key, "jobs", bound),
+            steps=_Forward(self.actor, key, "steps", bound),
+            plans=_Forward(self.actor, key, "plans", bound),
         )
 
 

@@ -80,7 +80,7 @@ def _perform(
     modules: list[str],
     host: Any,
     step_type: str,
-    state: BaseModel,
+    state: BaseModel | None,
     job_key: JobKey,
     job_id: str,
     step_id: str,
@@ -119,7 +119,9 @@ class RaySyncStepRunner:
         self.call_timeout = call_timeout
         self.in_flight = 0
 
-    async def run(self, step: JobStep[Any, Any, Any], state: BaseModel, ctx: StepContext) -> Any:
+    async def run(
+        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
+    ) -> Any:
         assert isinstance(ctx, StepRun)
         resources = dict(type(step).resources)
         options: dict[str, Any] = {

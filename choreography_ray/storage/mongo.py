@@ -166,7 +166,7 @@ class MongoStorage(ThreadedProvider):
             self._serial: contextlib.AbstractContextManager[Any] = lock
         else:
             named = {option.lower() for option in url.query}
-            extra = {} if "appname" in named else {"appname": "choreography-ray"}
+            extra: dict[str, Any] = {} if "appname" in named else {"appname": "choreography-ray"}
             try:
                 client = MongoClient(url.raw, **extra)
             except (PyMongoError, ValueError, TypeError) as error:

@@ -96,7 +96,7 @@ class StepCounts(dict[JobStepStatus, int]):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"StepCounts({dict(self)!r}, unreadable={self.unreadable})"
@@ -140,6 +140,10 @@ class JobStepStorage(Protocol):
     async def get(self, job_id: str, step_id: str) -> JobStepState: ...
 
     async def find(self, job_id: str, step_id: str) -> JobStepState | None: ...
+
+    async def get_many(self, job_id: str, step_ids: Sequence[str]) -> list[JobStepState]:
+        """The asked steps that exist, in the order asked; unreadable records left out."""
+        ...
 
     async def save(self, state: JobStepState) -> int: ...
 

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -104,14 +104,14 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-class _Replay:
+class _Replay(Generic[T]):
     """Fails once more with the error the first attempt raised, then calls `fn`."""
 
-    def __init__(self, error: BaseException, fn: Callable[..., Any]) -> None:
+    def __init__(self, error: BaseException, fn: Callable[..., T]) -> None:
         self.error: BaseException | None = error
         self.fn = fn
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any) -> T:
         error, self.error = self.error, None
         if error is not None:
             raise error

@@ -44,7 +44,7 @@ def storage_wrapper(name: str) -> Callable[[JobsStorage], JobsStorage]:
         raise ConfigurationError(f"{what}: {type(error).__name__}: {error}") from error
     if not callable(found):
         raise ConfigurationError(f"{what}: {attribute} is not callable")
-    return found  # type: ignore[return-value]
+    return found
 
 
 def hooked_storage(for_key: PartitionStorage, host: str) -> PartitionStorage:

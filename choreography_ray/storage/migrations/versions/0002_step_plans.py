@@ -15,7 +15,7 @@ branch_labels = None
 depends_on = None
 
 
-def _key(length: int = 200) -> sa.types.TypeEngine:
+def _key(length: int = 200) -> sa.types.TypeEngine[str]:
     return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
 
 
