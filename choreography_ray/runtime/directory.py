@@ -79,7 +79,7 @@ def draining_nodes() -> dict[str, float]:
     `ray.nodes()` shows a draining node as alive like any other; the table is read through
     the control store client, as Ray Serve reads it (docs/decisions.md)."""
     try:
-        client = ray._private.worker.global_worker.gcs_client
+        client = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
         table = client.get_draining_nodes(timeout=10)
     except Exception as error:
         log.warning("the draining nodes could not be read: %s", error)
