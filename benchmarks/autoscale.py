@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ import choreography_ray as cr
 from choreography_ray.jobs import JobKey, JobsOptions
 from choreography_ray.storage import open_storage
 from choreography_ray.testing.autoscaling import FakeAutoscalingCluster
+from choreography_ray.testing.cluster_nodes import drain_node
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
 from choreography_ray.testing.waiting import eventually
 
@@ -99,27 +98,7 @@ def one_run(steps: int, step_seconds: float) -> dict[str, float]:
             eventually(lambda: len(fake.worker_nodes()) >= 2, "two worker nodes", 120)
             eventually(lambda: len(table.runs()) > steps // 2, "the job under way", 120)
             drained = fake.worker_nodes()[-1]["NodeID"]
-            sent = time.time()
-            subprocess.run(
-                [
-                    str(Path(sys.executable).parent / "ray"),
-                    "drain-node",
-                    "--address",
-                    fake.address,
-                    "--node-id",
-                    drained,
-                    "--reason",
-                    "DRAIN_NODE_REASON_PREEMPTION",
-                    "--reason-message",
-                    "benchmark",
-                    "--deadline-remaining-seconds",
-                    "20",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-                env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-            )
+            sent = drain_node(fake.address, drained, deadline=20, message="benchmark")
             _done(url, job_id)
             runs = table.runs()
             there = [run.at for run in runs if run.node == drained]

@@ -24,7 +24,6 @@ progress.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import subprocess
@@ -41,12 +40,11 @@ from typing import Any
 from choreography_ray.jobs import JobKey, JobsOptions, JobStatus
 from choreography_ray.jobs.status import JobStepStatus
 from choreography_ray.runtime.constants import host_node, worker_name
-from choreography_ray.storage import open_storage
 from choreography_ray.testing import MultiNodeCluster
-from choreography_ray.testing.cluster_nodes import ControlStoreOnRedis
+from choreography_ray.testing.cluster_nodes import ControlStoreOnRedis, drain_node
 from choreography_ray.testing.postgres_server import PostgresServer
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
-from choreography_ray.testing.waiting import eventually
+from choreography_ray.testing.waiting import eventually, read_job
 
 FAULTS = (
     "worker node removed",
@@ -139,43 +137,16 @@ class Report:
         ]
 
 
+def _read(url: str, namespace: str, job_id: str) -> tuple[Any, list[Any]]:
+    return read_job(url, job_id, JobKey(scope="chaos", namespace=namespace))
+
+
 def _median(values: list[float]) -> float:
     values = sorted(values)
     if not values:
         return 0.0
     middle = len(values) // 2
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
-def _read(url: str, namespace: str, job_id: str) -> tuple[Any, list[Any]]:
-    async def read() -> tuple[Any, list[Any]]:
-        async with open_storage(url) as provider:
-            partition = provider.for_key(JobKey(scope="chaos", namespace=namespace))
-            return await partition.jobs.find(job_id), await partition.steps.get_all_for_job(job_id)
-
-    return asyncio.run(read())
-
-
-def _drain(cluster: MultiNodeCluster, node_id: str) -> None:
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ray"),
-            "drain-node",
-            "--address",
-            cluster.address,
-            "--node-id",
-            node_id,
-            "--reason",
-            "DRAIN_NODE_REASON_PREEMPTION",
-            "--reason-message",
-            "chaos soak: spot preemption",
-            "--deadline-remaining-seconds",
-            str(DRAIN_DEADLINE),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
 
 
 class Soak:
@@ -313,7 +284,7 @@ class Soak:
             cluster.add_node("controller")
         elif kind == "worker node drained":
             node = cluster.nodes("worker")[-1].node_id
-            _drain(cluster, node)
+            drain_node(cluster.address, node, deadline=DRAIN_DEADLINE, message="chaos soak")
             time.sleep(DRAIN_DEADLINE)  # the node goes at its deadline, as a preempted one
             cluster.remove_node(node)
             cluster.add_node("worker")

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCHMARK = Path(__file__).parent.parent / "benchmarks" / "write_order.py"
+from .benchmark_modules import load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("write_order_benchmark", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("write_order")
 
 
 def test_the_write_order_benchmark_counts_both_scenarios(run) -> None:

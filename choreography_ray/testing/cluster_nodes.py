@@ -4,9 +4,13 @@ import neither Ray nor the runtime."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from ..jobs.errors import ConfigurationError
@@ -126,3 +130,30 @@ def checked_layout(nodes: Sequence[object], allow_no_worker: bool = False) -> tu
     if not allow_no_worker and not any(role in ("worker", "both") for role in roles):
         raise ConfigurationError(f"nodes: {roles} has no worker node")
     return layout
+
+
+def drain_node(
+    address: str, node_id: str, *, deadline: int, message: str = "spot instance preempted"
+) -> float:
+    """`ray drain-node` with a preemption notice, as an operator or an autoscaler sends it;
+    when it was sent (`time.time()`). The cluster's token authentication is as this process
+    has it."""
+    command = [
+        str(Path(sys.executable).parent / "ray"),
+        "drain-node",
+        "--address",
+        address,
+        "--node-id",
+        node_id,
+        "--reason",
+        "DRAIN_NODE_REASON_PREEMPTION",
+        "--reason-message",
+        message,
+        "--deadline-remaining-seconds",
+        str(deadline),
+    ]
+    sent = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"ray drain-node failed: {done.stderr.strip()}")
+    return sent

@@ -7,19 +7,16 @@ and every process of the cluster is killed afterwards (never `ray stop`)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, JobStepStatus
-from choreography_ray.storage import open_storage
+from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.testing.autoscaling import FakeAutoscalingCluster
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
-from choreography_ray.testing.waiting import eventually
+from choreography_ray.testing.waiting import eventually, read_job
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_WORKERS = 2
@@ -41,16 +38,6 @@ def cluster() -> Iterator[FakeAutoscalingCluster]:
             ray.shutdown()
 
 
-def _read(url: str, job_id: str) -> tuple[Any, list[Any]]:
-    async def read() -> tuple[Any, list[Any]]:
-        async with open_storage(url) as provider:
-            partition = provider.for_key(JobKey())
-            job = await partition.jobs.find(job_id)
-            return job, await partition.steps.get_all_for_job(job_id)
-
-    return asyncio.run(read())
-
-
 def test_a_job_started_with_no_worker_node_makes_the_autoscaler_add_them(cluster, tmp_path):
     import ray
 
@@ -68,7 +55,7 @@ def test_a_job_started_with_no_worker_node_makes_the_autoscaler_add_them(cluster
     table = SideEffects(tmp_path / "effects.db")
     began = time.time()
     job_id = jobs.start(RecordRuns, Effects(table=str(table.path), steps=STEPS, step_seconds=0.05))
-    waiting, _ = _read(url, job_id)
+    waiting, _ = read_job(url, job_id)
     assert waiting.waiting_for_worker is not None  # no worker node yet: it waits, visibly
 
     first = eventually(cluster.worker_nodes, "a worker node launched by the autoscaler", 120)
@@ -84,11 +71,11 @@ def test_a_job_started_with_no_worker_node_makes_the_autoscaler_add_them(cluster
 
     host_ready = eventually(ready_at, "the joined node's worker host started", 60)
     done = eventually(
-        lambda: (job := _read(url, job_id)[0]) is not None and job.status.is_terminal and job,
+        lambda: (job := read_job(url, job_id)[0]) is not None and job.status.is_terminal and job,
         "the job finished",
         180,
     )
-    job, records = _read(url, job_id)
+    job, records = read_job(url, job_id)
     runs = table.runs()
     nodes = {run.node for run in runs}
     workers = {node["NodeID"] for node in cluster.worker_nodes()} | {first[0]["NodeID"]}

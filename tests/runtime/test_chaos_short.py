@@ -6,24 +6,11 @@ runs again."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
-
-
-def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos_benchmark", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from ..benchmark_modules import load_benchmark
 
 
 def test_a_short_chaos_soak_loses_nothing_and_runs_no_success_twice() -> None:
-    chaos = _chaos()
+    chaos = load_benchmark("chaos")
     soak = chaos.Soak(minutes=2.0, every=15.0, jobs=6, steps=100, faults=len(chaos.FAULTS))
     report = soak.run()
     print("\n" + "\n".join(report.lines()))

@@ -12,7 +12,6 @@ The outages are real time (a process killed, a raylet stopped): every wait is bo
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import subprocess
 import sys
@@ -23,12 +22,11 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, JobStepStatus
-from choreography_ray.storage import open_storage
+from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.testing.cluster_nodes import ControlStoreOnRedis
 from choreography_ray.testing.processes import alive, still_running
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
-from choreography_ray.testing.waiting import eventually
+from choreography_ray.testing.waiting import eventually, read_job
 
 OPTIONS = JobsOptions(
     max_parallel_steps=8,
@@ -79,15 +77,6 @@ def cluster(storage_url, control_store) -> Iterator[Any]:
         yield running
 
 
-def _read(url: str, job_id: str) -> tuple[Any, list[Any]]:
-    async def read() -> tuple[Any, list[Any]]:
-        async with open_storage(url) as provider:
-            partition = provider.for_key(JobKey())
-            return await partition.jobs.find(job_id), await partition.steps.get_all_for_job(job_id)
-
-    return asyncio.run(read())
-
-
 def _start(cluster: Any, tmp_path: Path, steps: int, seconds: float) -> tuple[str, SideEffects]:
     table = SideEffects(tmp_path / "effects.db")
     job_id = cluster.jobs.start(
@@ -98,7 +87,7 @@ def _start(cluster: Any, tmp_path: Path, steps: int, seconds: float) -> tuple[st
 
 def _until_share(url: str, job_id: str, steps: int, share: float) -> None:
     def far() -> bool:
-        _, records = _read(url, job_id)
+        _, records = read_job(url, job_id)
         done = sum(r.status == JobStepStatus.COMPLETED_SUCCESSFULLY for r in records)
         return done >= share * steps
 
@@ -107,11 +96,11 @@ def _until_share(url: str, job_id: str, steps: int, share: float) -> None:
 
 def _finished(url: str, job_id: str, steps: int, what: str) -> list[Any]:
     def finished() -> Any:
-        job, _ = _read(url, job_id)
+        job, _ = read_job(url, job_id)
         return job if job is not None and job.status.is_terminal else None
 
     job = eventually(finished, f"{what}: the job finished", WAIT)
-    _, records = _read(url, job_id)
+    _, records = read_job(url, job_id)
     assert job.status == JobStatus.COMPLETED_SUCCESSFULLY, what
     assert job.progress.successful_steps == steps, what  # none lost, none counted twice
     assert len(records) == steps

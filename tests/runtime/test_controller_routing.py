@@ -37,8 +37,8 @@ class Ray:
         return SimpleNamespace(name=name)
 
 
-@pytest.fixture
-def ray_stub(monkeypatch) -> Ray:
+def _stub_ray(monkeypatch: Any) -> Ray:
+    """Ray's look-ups as `Ray` answers them (the load is left to each test)."""
     stub = Ray([DEAD, LIVE], {DEAD, LIVE})
     monkeypatch.setattr(controller_routing, "actor_names", stub.names)
     monkeypatch.setattr(controller_routing, "read_adverts", lambda namespace, hosts: {})
@@ -51,6 +51,12 @@ def ray_stub(monkeypatch) -> Ray:
         "get_runtime_context",
         lambda: SimpleNamespace(get_node_id=lambda: "dead-node"),
     )
+    return stub
+
+
+@pytest.fixture
+def ray_stub(monkeypatch) -> Ray:
+    stub = _stub_ray(monkeypatch)
     monkeypatch.setattr(controller_routing.LoadCache, "get", lambda self, hosts, adverts: {})
     return stub
 
@@ -75,24 +81,13 @@ def test_when_no_listed_controller_lives_the_error_names_the_one_chosen(ray_stub
 
 
 def test_jobs_a_client_starts_within_one_reading_of_the_load_spread_over_controllers(
-    ray_stub, monkeypatch
+    monkeypatch,
 ) -> None:
     """The load is read at most once a second; the jobs a client starts meanwhile count
     against the host they went to, so idle equal controllers take them in turn instead of
     all going to this node's (the chaos soak's 13 jobs on one controller)."""
-    monkeypatch.undo()  # the real LoadCache, over a reading of our own
-    ray_stub = Ray([DEAD, LIVE], {DEAD, LIVE})
-    monkeypatch.setattr(controller_routing, "actor_names", ray_stub.names)
-    monkeypatch.setattr(controller_routing, "read_adverts", lambda namespace, hosts: {})
-    monkeypatch.setattr(
-        controller_routing, "require_config", lambda namespace: ClusterConfig(storage="memory://x")
-    )
-    monkeypatch.setattr(controller_routing.ray, "get_actor", ray_stub.get_actor)
-    monkeypatch.setattr(
-        controller_routing.ray,
-        "get_runtime_context",
-        lambda: SimpleNamespace(get_node_id=lambda: "dead-node"),
-    )
+    _stub_ray(monkeypatch)  # the real LoadCache, over a reading of our own
+    monkeypatch.setattr(controller_routing, "draining_nodes", lambda: {})
     readings: list[int] = []
 
     def read(self, hosts, adverts):

@@ -14,7 +14,6 @@ bounded.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -25,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, JobStepStatus
+from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.runtime.constants import host_node
-from choreography_ray.storage import open_storage
+from choreography_ray.testing.cluster_nodes import drain_node
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
-from choreography_ray.testing.waiting import eventually
+from choreography_ray.testing.waiting import eventually, read_job
 
 DEADLINE = 20
 OPTIONS = JobsOptions(
@@ -56,38 +55,6 @@ def cluster(tmp_path_factory) -> Iterator[Any]:
         yield running
 
 
-def _read(url: str, job_id: str) -> tuple[Any, list[Any]]:
-    async def read() -> tuple[Any, list[Any]]:
-        async with open_storage(url) as provider:
-            partition = provider.for_key(JobKey())
-            job = await partition.jobs.find(job_id)
-            return job, await partition.steps.get_all_for_job(job_id)
-
-    return asyncio.run(read())
-
-
-def _drain(cluster: Any, node_id: str) -> float:
-    """`ray drain-node`, as an operator or an autoscaler sends it; when it was sent."""
-    command = [
-        str(Path(sys.executable).parent / "ray"),
-        "drain-node",
-        "--address",
-        cluster.address,
-        "--node-id",
-        node_id,
-        "--reason",
-        "DRAIN_NODE_REASON_PREEMPTION",
-        "--reason-message",
-        "spot instance preempted (test)",
-        "--deadline-remaining-seconds",
-        str(DEADLINE),
-    ]
-    sent = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return sent
-
-
 def _start(cluster: Any, tmp_path: Path, steps: int, seconds: float) -> tuple[str, SideEffects]:
     table = SideEffects(tmp_path / "effects.db")
     job_id = cluster.jobs.start(
@@ -97,7 +64,7 @@ def _start(cluster: Any, tmp_path: Path, steps: int, seconds: float) -> tuple[st
 
 
 def _stored(url: str, job_id: str) -> set[str]:
-    _, steps = _read(url, job_id)
+    _, steps = read_job(url, job_id)
     return {s.id for s in steps if s.status == JobStepStatus.COMPLETED_SUCCESSFULLY}
 
 
@@ -111,7 +78,7 @@ def _until(url: str, job_id: str, count: int) -> set[str]:
 
 def _finished(url: str, job_id: str, steps: int) -> Any:
     def finished() -> Any:
-        found = _read(url, job_id)[0]
+        found = read_job(url, job_id)[0]
         return found if found is not None and found.status.is_terminal else None
 
     job = eventually(finished, "the job finished", WAIT)
@@ -125,7 +92,7 @@ def test_a_busy_worker_node_drained_gets_no_new_step_and_loses_nothing(cluster, 
     job_id, table = _start(cluster, tmp_path, steps, 0.05)
     stored = _until(cluster.url, job_id, int(0.3 * steps))
     node = cluster.nodes("worker")[-1].node_id
-    sent = _drain(cluster, node)
+    sent = drain_node(cluster.address, node, deadline=DEADLINE)
     time.sleep(2)  # the membership watch reads the drain within `membership_interval`
     seen = time.time()
     _finished(cluster.url, job_id, steps)
@@ -149,13 +116,13 @@ def test_the_owning_controllers_node_drained_hands_its_job_over(cluster, tmp_pat
     steps = 600
     job_id, table = _start(cluster, tmp_path, steps, 0.05)
     _until(cluster.url, job_id, int(0.3 * steps))
-    job, _ = _read(cluster.url, job_id)
+    job, _ = read_job(cluster.url, job_id)
     owner = job.owner.host
     node = host_node(owner)
-    sent = _drain(cluster, node)
+    sent = drain_node(cluster.address, node, deadline=DEADLINE)
     moved = eventually(
         lambda: (
-            (found := _read(cluster.url, job_id)[0]).owner is not None
+            (found := read_job(cluster.url, job_id)[0]).owner is not None
             and found.owner.host != owner
             and found
         ),
@@ -207,7 +174,7 @@ def test_jobs_started_together_from_two_drivers_are_owned_by_more_than_one_contr
     out, _ = other.communicate(timeout=120)
     assert other.returncode == 0
     theirs = out.split()
-    owners = {job_id: _read(cluster.url, job_id)[0].owner.host for job_id in [*mine, *theirs]}
+    owners = {job_id: read_job(cluster.url, job_id)[0].owner.host for job_id in [*mine, *theirs]}
     per_driver = [sorted(Counter(owners[j][-6:] for j in ids).values()) for ids in (mine, theirs)]
     print(f"\n8 jobs from two drivers: jobs per controller, per driver: {per_driver}")
     assert len(set(owners.values())) >= 2

@@ -14,7 +14,6 @@ The outage itself is real time (a server stopped, a lock held): the waits are bo
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import textwrap
@@ -26,12 +25,11 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, JobStepStatus
+from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.jobs.errors import StorageUnavailableError
-from choreography_ray.storage import open_storage
 from choreography_ray.testing.postgres_server import PostgresServer
 from choreography_ray.testing.side_effects import MODULE, Effects, RecordRuns, SideEffects
-from choreography_ray.testing.waiting import eventually
+from choreography_ray.testing.waiting import eventually, read_job
 
 STEPS = 3000
 STEP_SECONDS = 0.01
@@ -43,19 +41,13 @@ READ_BOUND = 5.0
 OPTIONS = JobsOptions(max_parallel_steps=PARALLEL, job_watchdog_interval="5s")
 
 
-def _read(url: str, job_id: str) -> tuple[Any, dict[str, JobStepStatus]]:
-    async def read() -> tuple[Any, dict[str, JobStepStatus]]:
-        async with open_storage(url) as provider:
-            partition = provider.for_key(JobKey())
-            job = await partition.jobs.find(job_id)
-            steps = await partition.steps.get_all_for_job(job_id)
-            return job, {step.id: step.status for step in steps}
-
-    return asyncio.run(read())
+def _statuses(url: str, job_id: str) -> tuple[Any, dict[str, JobStepStatus]]:
+    job, steps = read_job(url, job_id)
+    return job, {step.id: step.status for step in steps}
 
 
 def _successes(url: str, job_id: str) -> frozenset[str]:
-    _, statuses = _read(url, job_id)
+    _, statuses = _statuses(url, job_id)
     return frozenset(s for s, st in statuses.items() if st == JobStepStatus.COMPLETED_SUCCESSFULLY)
 
 
@@ -122,11 +114,11 @@ def _check(url: str, job_id: str, table: SideEffects, stored: frozenset[str], ma
     back = time.monotonic()
 
     def finished() -> Any:
-        job, _ = _read(url, job_id)
+        job, _ = _statuses(url, job_id)
         return job if job is not None and job.status.is_terminal else None
 
     job = eventually(finished, "the job finished after the outage", 120)
-    _, statuses = _read(url, job_id)
+    _, statuses = _statuses(url, job_id)
     runs = table.by_step()
     twice = sorted(step for step, found in runs.items() if len(found) > 1)
     after = table.by_step(after=mark)
