@@ -92,6 +92,11 @@ class Routes:
         suspect until it answers again or vanishes."""
         self._dead_listeners.append(listener)
 
+    @property
+    def draining(self) -> list[str]:
+        """Hosts of the table whose node Ray drains (not in `workers`), sorted."""
+        return sorted(self._draining)
+
     def drain(self, names: Iterable[str]) -> None:
         """Hosts whose node Ray drains: they leave `workers` (no new step goes there) but stay
         callable (their runs are stopped and moved, their queued runs handed back)."""
