@@ -23,6 +23,7 @@ __all__ = [
     "DrainOutcome",
     "HostError",
     "InvalidJobIdError",
+    "InvalidOperationError",
     "InvalidOptionError",
     "InvalidRequestError",
     "JobNotFoundError",
@@ -369,6 +370,12 @@ class InvalidJobIdError(ChoreographyError, ValueError):
 class HostError(ChoreographyError):
     """Raised when a host actor failed a call with an error that is not one of ours, or died
     during it; the message is one line, the host's traceback stays in its log."""
+
+
+class InvalidOperationError(ChoreographyError, TypeError):
+    """Raised by a controller host asked to perform something that is not one of the client's
+    operations (`runtime.operations`): a caller that bypassed the typed client, or a release
+    that does not know the request."""
 
 
 class ClusterAuthenticationError(ConfigurationError):
