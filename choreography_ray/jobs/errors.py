@@ -373,9 +373,10 @@ class HostError(ChoreographyError):
 
 
 class InvalidOperationError(ChoreographyError, TypeError):
-    """Raised by a controller host asked to perform something that is not one of the client's
-    operations (`runtime.operations`): a caller that bypassed the typed client, or a release
-    that does not know the request."""
+    """Raised by a host asked to perform something that is not one of its typed operations: a
+    controller host given anything but a client's request (`runtime.operations`), the storage
+    actor asked for a method the storage protocols do not declare, a request that a host of
+    the previous release cannot perform."""
 
 
 class ClusterAuthenticationError(ConfigurationError):
