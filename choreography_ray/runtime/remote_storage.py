@@ -20,7 +20,8 @@ from ..jobs.status import JobStatus
 from ..recovery.liveness import Bound, HostGone
 from ..storage.memory import MemoryStorage
 from ..storage.protocols import JobsStorage, StorageCapabilities
-from ..storage.provider import StorageProvider, open_storage
+from ..storage.provider import StorageProvider
+from ..storage.schemes import open_storage
 from ..storage.url import StorageURL
 from .constants import STORAGE_ACTOR
 
