@@ -23,7 +23,6 @@ from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
 from ..storage.protocols import JobQuery, StepCounts
-from ..testing.hooks import hooked_storage
 from .adverts import Adverts, delete_advert
 from .autoscaling import AutoscaleRequests
 from .constants import controller_name
@@ -33,6 +32,7 @@ from .draining import Drains
 from .host import Host
 from .host_process import rss_kb
 from .metrics import Metrics
+from .storage_hook import hooked_storage
 from .worker_host import WorkerHost
 
 
