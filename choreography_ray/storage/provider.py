@@ -23,7 +23,10 @@ T = TypeVar("T")
 class StorageProvider(ABC):
     """Opens the per-(scope, namespace) storages of one URL and shares their resources."""
 
-    capabilities: ClassVar[StorageCapabilities]
+    capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
+        external_step_plans=False, atomic_batches=False, shared_across_processes=False
+    )
+    """What the provider does beyond the contract; this default promises nothing more."""
 
     def __init__(
         self,
@@ -57,11 +60,21 @@ class StorageProvider(ABC):
         finalized, sorted by scope then namespace: the durable catalog recovery reads.
 
         The filter is `get_jobs_excluding_finalized_stops`'s, so given the statuses rehydration
-        loads it names exactly the partitions where rehydration finds work, across the whole
-        store and without any host having to remember them. A provider that cannot answer
-        raises; recovery then counts its catalog as incomplete.
+        loads it names exactly the partitions where rehydration finds work. The built-in
+        providers answer for the whole store (`capabilities.partition_catalog`), so no host has
+        to remember a partition. This default, for a provider of your own, can enumerate only
+        the partitions this provider opened in this process, and asks each; recovery then
+        warns at start-up that its catalog is incomplete unless a key provider is configured.
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no catalog of its partitions")
+        wanted = list(statuses)
+        with self._partitions_lock:
+            opened = list(self._partitions.values())
+        keys = [
+            partition.key
+            for partition in opened
+            if wanted and await partition.jobs.get_jobs_excluding_finalized_stops(wanted)
+        ]
+        return sorted(keys, key=lambda key: (key.scope, key.namespace))
 
     async def initialize(self) -> None:  # noqa: B027 - most providers need nothing
         """Create what the provider needs (schema, indexes); safe to call more than once."""

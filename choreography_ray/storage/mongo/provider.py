@@ -146,7 +146,10 @@ class MongoStorage(ThreadedProvider):
     """
 
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=True, atomic_batches=False, shared_across_processes=True
+        external_step_plans=True,
+        atomic_batches=False,
+        shared_across_processes=True,
+        partition_catalog=True,
     )
 
     def __init__(

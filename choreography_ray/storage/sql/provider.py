@@ -85,7 +85,10 @@ class SqlStorage(ThreadedProvider):
     """Jobs and steps in SQLite or PostgreSQL, through SQLAlchemy Core."""
 
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=True, atomic_batches=True, shared_across_processes=True
+        external_step_plans=True,
+        atomic_batches=True,
+        shared_across_processes=True,
+        partition_catalog=True,
     )
 
     def __init__(
