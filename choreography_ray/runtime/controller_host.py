@@ -21,7 +21,6 @@ from ..placement.capability import PLAN_STORAGE, hosts_of_type_have
 from ..placement.choice import Placement
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
-from ..testing.hooks import hooked_storage
 from .adverts import Adverts, delete_advert
 from .autoscaling import AutoscaleRequests
 from .constants import controller_name
@@ -33,6 +32,7 @@ from .host_process import rss_kb
 from .metrics import Metrics
 from .operations import Deliver, Operation, checked
 from .previous_release import PreviousReleaseCalls
+from .storage_hook import hooked_storage
 from .worker_host import WorkerHost
 
 T = TypeVar("T")

@@ -30,7 +30,8 @@ from ..storage.protocols import (
     StepPlanStorage,
     StorageCapabilities,
 )
-from ..storage.provider import StorageProvider, open_storage
+from ..storage.provider import StorageProvider
+from ..storage.schemes import open_storage
 from ..storage.url import StorageURL
 from .constants import STORAGE_ACTOR
 
