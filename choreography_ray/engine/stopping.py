@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from ..jobs.errors import RemoveJobError, RemoveJobFailed, StopJobError, StopJobFailed
+from ..jobs.retry import Backoff
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import ActivationCore
@@ -48,9 +49,9 @@ class Stopping:
         may still be live: told once that the job stops or is removed (`candidates`)."""
         self._noticed: set[str] = set()
         """Steps told so by this activation: never told twice."""
-        self._notify_delay = NOTIFY_RETRY_DELAY
+        self._notify_backoff = Backoff(NOTIFY_RETRY_DELAY, NOTIFY_RETRY_CAP)
         self._notify_timer: asyncio.Task[None] | None = None
-        self._finish_delay = NOTIFY_RETRY_DELAY
+        self._finish_backoff = Backoff(NOTIFY_RETRY_DELAY, NOTIFY_RETRY_CAP)
         self._finish_timer: asyncio.Task[None] | None = None
         self._finish_error: Exception | None = None
         """Why the last finish of a removal failed; None once it succeeded."""
@@ -161,7 +162,7 @@ class Stopping:
     async def _stop_steps(self, *, removing: bool) -> None:
         """Tell workers to stop; count at once every step that is not running anywhere."""
         self._untold |= await self.candidates()
-        self._notify_delay = NOTIFY_RETRY_DELAY
+        self._notify_backoff.reset()
         await self._notify(removing=removing)
         await self.finish_if_settled()
         await self.record.save_progress()
@@ -202,7 +203,7 @@ class Stopping:
                 core.id,
                 len(untold | notices),
                 error,
-                self._notify_delay,
+                self._notify_backoff.peek(),
             )
             self._untold = untold
             self._notices = notices
@@ -296,8 +297,7 @@ class Stopping:
     def _retry_notify_later(self) -> None:
         if self._notify_timer is not None and not self._notify_timer.done():
             return
-        delay = self._notify_delay
-        self._notify_delay = min(NOTIFY_RETRY_CAP, delay * 2)
+        delay = self._notify_backoff.next()
         generation = self.record.state.execution_generation
         self._notify_timer = self.core.spawn(self._notify_later(delay, generation))
 
@@ -358,13 +358,13 @@ class Stopping:
                 "job %s: finishing the removal failed (%s); trying again in %.0f s",
                 self.core.id,
                 error,
-                self._finish_delay,
+                self._finish_backoff.peek(),
             )
             self._finish_error = error
             self._finish_later()
             return error
         self._finish_error = None
-        self._finish_delay = NOTIFY_RETRY_DELAY
+        self._finish_backoff.reset()
         return None
 
     async def _finish_removal(self) -> None:
@@ -378,9 +378,7 @@ class Stopping:
     def _finish_later(self) -> None:
         if self._finish_timer is not None and not self._finish_timer.done():
             return
-        delay = self._finish_delay
-        self._finish_delay = min(NOTIFY_RETRY_CAP, delay * 2)
-        self._finish_timer = self.core.spawn(self._finish_after(delay))
+        self._finish_timer = self.core.spawn(self._finish_after(self._finish_backoff.next()))
 
     async def _finish_after(self, delay: float) -> None:
         """The job retries a failed removal finish itself: no report may come to trigger it."""
