@@ -144,8 +144,7 @@ class JobActivation:
         """Steps of a running job with no outcome yet: what it still asks of worker nodes."""
         if self._record.released or self._record.state.status != JobStatus.RUNNING:
             return 0
-        ledger = self._core.ledger
-        return max(0, len(ledger.stage_of) - len(ledger.counted))
+        return self._core.ledger.outstanding
 
     def peek(self) -> JobState | None:
         """A copy of the job's record between two operations; None while one runs (it may

@@ -33,31 +33,31 @@ class Outcomes:
         state = record.state
         status = state.status
         step_id = report.step_id
-        if step_id in ledger.counted and not self._takes_back_stop(report):
-            ledger.tracked.pop(step_id, None)  # told once more, it has now reported
+        if ledger.is_counted(step_id) and not self._takes_back_stop(report):
+            ledger.forget(step_id)  # told once more, it has now reported
             record.counters.ignored_reports += 1
             return False
-        tracked = ledger.tracked.get(step_id)
+        tracked = ledger.entry(step_id)
         stop = report.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING)
         if stop and report.generation < state.execution_generation:
             # A late stop of an earlier execution: not ours to count; run the step again.
             record.counters.ignored_reports += 1
             if status == JobStatus.RUNNING and tracked is not None:
-                ledger.tracked.pop(step_id)
-                ledger.waiting.appendleft((step_id, tracked.attempt))
+                ledger.forget(step_id)
+                ledger.queue([(step_id, tracked.attempt)])
             return False
         if status in RUNNING_JOB_STATUSES:
             if stop:
                 # A step stopped without the job asking (its worker went away): run it again.
-                ledger.tracked.pop(step_id, None)
-                ledger.waiting.appendleft((step_id, report.attempt))
+                ledger.forget(step_id)
+                ledger.queue([(step_id, report.attempt)])
                 return False
             if report.status == JobStepStatus.COMPLETED_WITH_FAILURE and self._retries(report):
                 return True
         elif status not in (JobStatus.STOPPED, JobStatus.REMOVING):
             record.counters.ignored_reports += 1
             return False
-        if stop and not ledger.stops.add(state, step_id):
+        if stop and not ledger.count_stop(state, step_id):
             record.counters.ignored_reports += 1
             return False
         await self.count(report)
@@ -77,10 +77,9 @@ class Outcomes:
             JobStepStatus.COMPLETED_WITH_FAILURE,
         ):
             return False
-        if not self.ledger.stops.discard(state, step_id):
+        if not self.ledger.take_back_stop(state, step_id):
             return False
         counting.uncount_stop(state.progress)
-        self.ledger.counted.discard(step_id)
         return True
 
     def _retries(self, report: StepReport) -> bool:
@@ -91,8 +90,7 @@ class Outcomes:
 
     async def count(self, report: StepReport) -> None:
         """Count the step's outcome once and tell the job's hook."""
-        self.ledger.tracked.pop(report.step_id, None)
-        self.ledger.counted.add(report.step_id)
+        self.ledger.settle(report.step_id)
         progress = self.record.state.progress
         counting.count(progress, report.stage, report.status)
         core = self.core
@@ -117,7 +115,7 @@ class Outcomes:
                 )
         return StepOutcome(
             step_id=report.step_id,
-            name=report.name or self.ledger.names.get(report.step_id, ""),
+            name=report.name or self.ledger.name_of(report.step_id),
             stage=report.stage,
             status=report.status,
             attempt=report.attempt,

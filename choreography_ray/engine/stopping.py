@@ -18,7 +18,6 @@ from ..jobs.retry import Backoff
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import ActivationCore
-from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .recount import Recount
@@ -123,7 +122,7 @@ class Stopping:
     async def candidates(self) -> set[str]:
         """Steps that may still run and must be stopped, or counted as stopped."""
         ledger = self.ledger
-        candidates = ledger.take_in_flight()
+        candidates = ledger.drain()
         if ledger.loaded and ledger.current is not None:
             return candidates
         # A fresh activation: recount from storage, as the stored progress may lag behind.
@@ -133,16 +132,16 @@ class Stopping:
         earlier: set[str] = set()
         for step in steps:
             if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
-                ledger.stops.add(state, step.id)
+                ledger.count_stop(state, step.id)
                 counting.count(state.progress, step.stage, JobStepStatus.STOPPED)
-                ledger.counted.add(step.id)
+                ledger.settle(step.id)
                 if step.generation < state.execution_generation:
                     earlier.add(step.id)
         stage = ledger.first_open_stage()
         if stage is not None:
             counting.mark_started(state.progress, stage)
             candidates.update(
-                step_id for step_id, _ in pending.get(stage, ()) if step_id not in ledger.counted
+                step_id for step_id, _ in pending.get(stage, ()) if not ledger.is_counted(step_id)
             )
         # A stop stored by an earlier execution counts, once; but the run this execution
         # started for the step may still be live (queued, or waiting for that stop): it is told,
@@ -173,17 +172,13 @@ class Stopping:
         schedules another try."""
         ledger = self.ledger
         state = self.record.state
-        untold = {step_id for step_id in self._untold if step_id not in ledger.counted}
+        untold = {step_id for step_id in self._untold if not ledger.is_counted(step_id)}
         notices = self._notices - self._noticed
         if not untold and not notices:
             self._untold = set()
             self._notices = set()
             return
-        for step_id in untold:  # kept until told: nothing finalizes the stop meanwhile
-            if step_id not in ledger.tracked:
-                ledger.tracked[step_id] = Tracked(
-                    ledger.stage_of.get(step_id, 0), 1, state.execution_generation
-                )
+        ledger.stop(untold, state.execution_generation)  # kept until told
         core = self.core
         try:
             answer = await core.ctx.dispatcher.stop_steps(
@@ -235,8 +230,8 @@ class Stopping:
         ledger = self.ledger
         status = JobStepStatus.REMOVING if removing else JobStepStatus.STOPPED
         for step_id in idle:
-            ledger.tracked.pop(step_id, None)
-            if step_id in ledger.counted:
+            ledger.forget(step_id)
+            if ledger.is_counted(step_id):
                 continue
             report = stored.get(step_id)
             if report is None:
@@ -248,11 +243,11 @@ class Stopping:
         """Count a step's stop once per execution (`stopped_steps_counted`)."""
         ledger = self.ledger
         state = self.record.state
-        ledger.tracked.pop(step_id, None)
-        if step_id in ledger.counted:
+        ledger.forget(step_id)
+        if ledger.is_counted(step_id):
             return
-        if not ledger.stops.add(state, step_id):
-            ledger.counted.add(step_id)
+        if not ledger.count_stop(state, step_id):
+            ledger.settle(step_id)
             return
         await self.outcomes.count(
             StepReport(
@@ -260,8 +255,8 @@ class Stopping:
                 status=status,
                 generation=state.execution_generation,
                 attempt=1,
-                stage=ledger.stage_of.get(step_id, 0),
-                name=ledger.names.get(step_id, ""),
+                stage=ledger.stage_of(step_id),
+                name=ledger.name_of(step_id),
             )
         )
 
@@ -278,10 +273,10 @@ class Stopping:
     def tell_later(self, step_ids: set[str]) -> None:
         """Steps another operation could not tell to stop: keep them tracked and retry."""
         ledger = self.ledger
-        generation = self.record.state.execution_generation
-        for step_id in step_ids:
-            if step_id not in ledger.tracked and step_id not in ledger.counted:
-                ledger.tracked[step_id] = Tracked(ledger.stage_of.get(step_id, 0), 1, generation)
+        ledger.stop(
+            (step_id for step_id in step_ids if not ledger.is_counted(step_id)),
+            self.record.state.execution_generation,
+        )
         self._untold |= step_ids
         self._retry_notify_later()
 
@@ -289,7 +284,7 @@ class Stopping:
         """Notices taken by a drain whose call failed: none reached a run, so they are sent
         again with the stop notifications (and the stop waits for them meanwhile)."""
         for step_id in step_ids:
-            self.ledger.tracked.pop(step_id, None)
+            self.ledger.forget(step_id)
         self._noticed -= step_ids
         self._notices |= step_ids
         self._retry_notify_later()
@@ -337,7 +332,7 @@ class Stopping:
         state = record.state
         if state.stop_finalized or not state.progress.is_stopped:
             return None
-        if self.ledger.tracked or self._notices:
+        if self.ledger.has_tracked or self._notices:
             return None  # a step may still run, or a live run has not been told yet
         if state.status != JobStatus.REMOVING:
             try:
