@@ -63,7 +63,7 @@ class JobActivation:
         self._record = core.record
         self._outcomes = Outcomes(core)
         self._stages = Stages(core, self._outcomes)
-        recount = Recount(core)
+        recount = Recount(core, self._outcomes)
         self._starting = Starting(core, self._stages, self._outcomes)
         self._stopping = Stopping(core, self._outcomes, recount)
         self._draining = Draining(core, self._outcomes, self._stopping)
@@ -363,8 +363,9 @@ class JobActivation:
         failed = None
         try:
             for report in batch:
-                if await handle(report):
-                    stages.retry(report)
+                retry = await handle(report)
+                if retry is not None:
+                    stages.retry(report.step_id, report.attempt + 1, retry.at)
             status = record.state.status
             if status == JobStatus.RUNNING:
                 await stages.advance(dispatch_failures_fail=False)

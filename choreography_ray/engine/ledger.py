@@ -28,6 +28,7 @@ from ..jobs.state import JobState, JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
 from .counted import Counted, CountedStops
 from .messages import Prepared, StepStart
+from .retrying import Decision, Verdict
 from .step_types import StepTypes
 
 FRESH_LIMIT = 100_000
@@ -77,6 +78,9 @@ class StepLedger:
         """Steps this activation prepared and stored, not yet started: the first start of each
         carries its record, which the worker then need not read back (at most `FRESH_LIMIT`;
         forgotten when the ledger is recounted from storage)."""
+        self._due: dict[str, tuple[int, datetime | None]] = {}
+        """Failed attempts a recount found decided for a retry: the next attempt and when it
+        is due, until the resume schedules them (`take_due`)."""
         self._current: int | None = None
         self._loaded = False
 
@@ -325,6 +329,11 @@ class StepLedger:
     def is_retrying(self, step_id: str) -> bool:
         return step_id in self._retries
 
+    def take_due(self) -> dict[str, tuple[int, datetime | None]]:
+        """The retries the last recount found decided, each taken once, to schedule."""
+        due, self._due = self._due, {}
+        return due
+
     def stop(self, step_ids: Iterable[str], generation: int) -> None:
         """Keep steps a stop must reach tracked until each is accounted for (told, or its
         answer counted), so nothing finalizes the stop while their work may run."""
@@ -344,6 +353,7 @@ class StepLedger:
         steps.update(step_id for step_id, _ in self._waiting)
         self.cancel_retries()
         self._waiting.clear()
+        self._due.clear()
         return steps
 
     def cancel_retries(self) -> None:
@@ -378,10 +388,12 @@ class StepLedger:
     # -- recount ------------------------------------------------------------------------------
 
     def reconcile(
-        self, steps: Iterable[JobStepState], would_retry: Callable[[JobStepState], bool]
+        self, steps: Iterable[JobStepState], decide: Callable[[JobStepState], Decision]
     ) -> tuple[list[tuple[int, JobStepStatus]], Pending]:
-        """Forget what ran; count stored outcomes again. Returns the outcomes and what each
-        stage still has to run."""
+        """Forget what ran; count stored outcomes again, a failed attempt as `decide` says
+        (a retry is pending, and due at its time: `take_due`). Returns the outcomes and what
+        each stage still has to run."""
+        self._due.clear()
         self._counted.clear()
         self._tracked.clear()
         self._waiting.clear()
@@ -396,8 +408,10 @@ class StepLedger:
                 outcomes.append((step.stage, status))
                 self._counted.add(step.id)
             elif status in FAILED_STEP_STATUSES:
-                if status == JobStepStatus.COMPLETED_WITH_FAILURE and would_retry(step):
+                decision = decide(step)
+                if decision.verdict is Verdict.RETRY:
                     pending.setdefault(step.stage, []).append((step.id, step.attempt + 1))
+                    self._due[step.id] = (step.attempt + 1, decision.at)
                 else:
                     outcomes.append((step.stage, JobStepStatus.FAILED))
                     self._counted.add(step.id)

@@ -4,6 +4,7 @@ timers that send a step again (a retry's backoff, an undelivered start)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from ..jobs.errors import NoEligibleJobWorker
@@ -11,11 +12,11 @@ from ..jobs.job import JobStageFailureBehavior
 from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
-from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore, save_all
+from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
 from .messages import StartOutcome, StartResult, StepReport, StepStart
 from .outcomes import Outcomes
 from .ports import Dispatched
-from .record import Released
+from .record import Released, save_all
 from .watchdog import Watchdog
 
 
@@ -275,8 +276,9 @@ class Stages:
             self.ledger.runs_on(result.step_id, result.reason)  # its live run reports there
             return 0
         if result.outcome == StartOutcome.COMPLETED and result.report is not None:
-            if await self.outcomes.handle(result.report):
-                self.retry(result.report)
+            retry = await self.outcomes.handle(result.report)
+            if retry is not None:
+                self.retry(result.step_id, result.report.attempt + 1, retry.at)
             return 0
         ledger = self.ledger
         tracked = ledger.forget(result.step_id)
@@ -376,13 +378,17 @@ class Stages:
 
     # -- retries --------------------------------------------------------------------------------
 
-    def retry(self, report: StepReport) -> None:
-        """Send a failed attempt's step again once its backoff passes."""
-        delay = self.core.retry.backoff(report.attempt)
-        self.ledger.retry(
-            report.step_id,
-            self.core.spawn(self._retry_later(report.step_id, report.attempt + 1, delay)),
-        )
+    def retry(self, step_id: str, attempt: int, at: datetime | None) -> None:
+        """Send the step's next attempt `attempt` once its retry time `at` has come (at once
+        when it has passed): live, `at` is the decision's; on resume, the stored one."""
+        now = self.core.ctx.clock.now()
+        delay = 0.0 if at is None else max(0.0, (at - now).total_seconds())
+        self.ledger.retry(step_id, self.core.spawn(self._retry_later(step_id, attempt, delay)))
+
+    def retry_due(self) -> None:
+        """Schedule the retries a recount found decided (`StepLedger.reconcile`)."""
+        for step_id, (attempt, at) in self.ledger.take_due().items():
+            self.retry(step_id, attempt, at)
 
     async def _retry_later(self, step_id: str, attempt: int, delay: float) -> None:
         try:

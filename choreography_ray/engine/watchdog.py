@@ -38,7 +38,7 @@ class Moves(Protocol):
 
     def send_again(self, steps: list[tuple[str, int]]) -> None: ...
 
-    def retry(self, report: StepReport) -> None: ...
+    def retry(self, step_id: str, attempt: int, at: datetime | None) -> None: ...
 
     async def advance(self, *, dispatch_failures_fail: bool = True) -> int: ...
 
@@ -138,8 +138,9 @@ class Watchdog:
                     "job %s: %d step(s) whose runs are lost are sent again", core.id, len(restart)
                 )
             for report in heard:
-                if await self.outcomes.handle(report):
-                    self.stages.retry(report)
+                retry = await self.outcomes.handle(report)
+                if retry is not None:
+                    self.stages.retry(report.step_id, report.attempt + 1, retry.at)
             self.stages.send_again(restart)
             self.recovered_reports += len(heard)
             self.restarted += len(restart)

@@ -32,17 +32,25 @@ def exponential(initial: float, coefficient: float, maximum: float, attempt: int
         return maximum
 
 
-def _seconds(name: str, value: Any) -> float:
+def duration_seconds(name: str, value: Any) -> float:
+    """`value` (a `timedelta` or seconds) in seconds; refused naming `name` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
-        raise InvalidOptionError(
-            f"RetryPolicy.{name}", f"expected a timedelta or seconds, got {value!r}"
-        )
+        raise InvalidOptionError(name, f"expected a timedelta or seconds, got {value!r}")
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidOptionError(
-            f"RetryPolicy.{name}", f"must be a finite duration >= 0, got {value!r}"
-        )
+        raise InvalidOptionError(name, f"must be a finite duration >= 0, got {value!r}")
     return seconds
+
+
+def check_policy(owner: type) -> None:
+    """A class's `retry_policy` is a `RetryPolicy` or None: a mistake there is refused when
+    the class is defined, not found at its first failure."""
+    policy = getattr(owner, "retry_policy", None)
+    if policy is not None and not isinstance(policy, RetryPolicy):
+        raise InvalidOptionError(
+            f"{owner.__qualname__}.retry_policy",
+            f"expected a RetryPolicy or None, got {policy!r}",
+        )
 
 
 def error_type_name(error: type[BaseException] | str) -> str:
@@ -79,8 +87,8 @@ class RetryPolicy:
     non_retryable_error_types: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        initial = _seconds("initial_interval", self.initial_interval)
-        maximum = _seconds("maximum_interval", self.maximum_interval)
+        initial = duration_seconds("RetryPolicy.initial_interval", self.initial_interval)
+        maximum = duration_seconds("RetryPolicy.maximum_interval", self.maximum_interval)
         if maximum < initial:
             raise InvalidOptionError(
                 "RetryPolicy.maximum_interval",
