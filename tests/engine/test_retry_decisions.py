@@ -6,8 +6,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from choreography_ray.engine.messages import StepStart
-from choreography_ray.jobs import JobStatus, JobStepStatus, RetryPolicy
+from choreography_ray.engine.messages import (
+    StartOutcome,
+    StepReport,
+    StepStart,
+    pack_reports,
+    unpack_reports,
+)
+from choreography_ray.engine.stored_steps import settled
+from choreography_ray.jobs import InvalidOptionError, JobStatus, JobStepStatus, RetryPolicy
+from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
 from choreography_ray.jobs.step import StepContext, StepFailed
 
 from . import fixtures
@@ -93,9 +101,6 @@ def test_a_recovery_keeps_the_live_decision_that_a_failure_is_final(run, cluster
 
 
 def test_a_worker_answers_a_late_retry_start_of_a_failure_decided_final_with_its_outcome():
-    from choreography_ray.engine.messages import StartOutcome
-    from choreography_ray.engine.stored_steps import settled
-    from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
 
     failed = JobStepState(
         id="s",
@@ -188,7 +193,6 @@ def test_the_error_s_retry_after_wins_over_the_policy_s_backoff(run, cluster, sc
 
 
 def test_a_class_s_retry_policy_must_be_a_retry_policy():
-    from choreography_ray.jobs import InvalidOptionError
 
     try:
 
@@ -203,7 +207,6 @@ def test_a_class_s_retry_policy_must_be_a_retry_policy():
 
 
 def test_retry_after_must_be_a_duration():
-    from choreography_ray.jobs import InvalidOptionError
 
     try:
         StepFailed("x", retry_after="soon")  # type: ignore[arg-type]
@@ -218,7 +221,6 @@ def test_retry_after_must_be_a_duration():
 
 
 def test_a_record_of_an_earlier_release_reads_without_a_decision():
-    from choreography_ray.jobs.state import JobStepState
 
     old = JobStepState.model_validate_json(
         '{"id": "s", "job_id": "j", "type": "t", "status": 7, "attempt": 2,'
@@ -228,8 +230,6 @@ def test_a_record_of_an_earlier_release_reads_without_a_decision():
 
 
 def test_a_decision_crosses_hosts_and_an_older_host_s_flag_is_no_decision():
-    from choreography_ray.engine.messages import StepReport, pack_reports, unpack_reports
-    from choreography_ray.jobs.state import StepDecision, StepError
 
     decided = StepReport(
         "s",
