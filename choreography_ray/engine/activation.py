@@ -13,9 +13,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from ..jobs.errors import StartJobError, VersionConflictError
+from ..jobs.errors import StartJobError
 from ..jobs.job import Job, JobInfo, JobStepDispatchContext
-from ..jobs.state import JobState, JobStepState
+from ..jobs.state import JobState
 from .context import EngineContext, maybe_await
 from .ledger import StepLedger
 from .record import JobRecord
@@ -61,7 +61,7 @@ class ActivationCore:
         )
         self.log = self.record.log
         self.counters = self.record.counters
-        self.retry = RetryRule(self.job, ctx.options, self.log)
+        self.retry = RetryRule(self.job, ctx.options, ctx.registry, self.log)
         self.window = job_class.max_active_steps or ctx.options.max_active_steps_per_job
         """The most steps tracked at once; None lets every step of a stage run."""
         self.hears_outcomes = (
@@ -109,17 +109,3 @@ class ActivationCore:
                 stage=stage if stage is not None else 0,
             ),
         )
-
-
-async def save_all(storage: Any, states: list[JobStepState]) -> None:
-    """Save step records the job changes (Unreachable), re-reading any that moved meanwhile."""
-    try:
-        versions = await storage.save_many(states)
-    except VersionConflictError as conflict:
-        lost = set(conflict.conflicts)
-        rest = [s for s in states if s.id not in lost]
-        if rest:
-            await save_all(storage, rest)
-        return
-    for state, version in zip(states, versions, strict=True):
-        state.version = version

@@ -20,7 +20,6 @@ from ..jobs.errors import DrainJobResult, DrainOutcome, StopJobError, StopJobFai
 from ..jobs.state import JobStepState, StatusChange, StepError
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
 from .activation import ActivationCore
-from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .record import Released
@@ -109,10 +108,7 @@ class Draining:
         core = self.core
         ledger = self.ledger
         state = self.record.state
-        for step_id in asked:  # tracked until accounted for: nothing finalizes the stop early
-            ledger.tracked.setdefault(
-                step_id, Tracked(ledger.stage_of.get(step_id, 0), 1, state.execution_generation)
-            )
+        ledger.stop(asked, state.execution_generation)  # tracked until accounted for
         drained: set[str] = set()
         unanswered: set[str] = set()
         idle: list[str] = []
@@ -137,7 +133,7 @@ class Draining:
                 core.log.warning("job %s: asking the steps to drain failed: %s", core.id, error)
                 # A live run of this execution not told yet (first round): notice it again. Once
                 # told, its report is awaited like any other.
-                notices = waiting & ledger.counted if first_round else set()
+                notices = {s for s in waiting if ledger.is_counted(s)} if first_round else set()
                 self.stopping.notice_later(notices)
                 self.stopping.tell_later(waiting - notices)
                 return drained, waiting
@@ -160,8 +156,8 @@ class Draining:
 
     async def _account(self, report: StepReport) -> None:
         """Count a step's own answer once; a later report of it is then ignored."""
-        if report.step_id in self.ledger.counted:
-            self.ledger.tracked.pop(report.step_id, None)
+        if self.ledger.is_counted(report.step_id):
+            self.ledger.forget(report.step_id)
             return
         if report.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
             await self.stopping.count_stop(report.step_id, report.status)

@@ -63,7 +63,7 @@ class JobActivation:
         self._record = core.record
         self._outcomes = Outcomes(core)
         self._stages = Stages(core, self._outcomes)
-        recount = Recount(core)
+        recount = Recount(core, self._outcomes)
         self._starting = Starting(core, self._stages, self._outcomes)
         self._stopping = Stopping(core, self._outcomes, recount)
         self._draining = Draining(core, self._outcomes, self._stopping)
@@ -144,8 +144,7 @@ class JobActivation:
         """Steps of a running job with no outcome yet: what it still asks of worker nodes."""
         if self._record.released or self._record.state.status != JobStatus.RUNNING:
             return 0
-        ledger = self._core.ledger
-        return max(0, len(ledger.stage_of) - len(ledger.counted))
+        return self._core.ledger.outstanding
 
     def peek(self) -> JobState | None:
         """A copy of the job's record between two operations; None while one runs (it may
@@ -364,8 +363,9 @@ class JobActivation:
         failed = None
         try:
             for report in batch:
-                if await handle(report):
-                    stages.retry(report)
+                retry = await handle(report)
+                if retry is not None:
+                    stages.retry(report.step_id, report.attempt + 1, retry.at)
             status = record.state.status
             if status == JobStatus.RUNNING:
                 await stages.advance(dispatch_failures_fail=False)

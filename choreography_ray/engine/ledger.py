@@ -1,23 +1,34 @@
 """The step ledger of a job's activation: which steps it knows, where each one stands.
 
-One object answers, for every step of the job: its stage and name, whether it is tracked (a
-start was sent and no outcome counted), waiting to be sent, waiting out a retry's backoff, or
-counted. The stage cursor (`current`) is the stage the job is running. The ledger writes
-nothing and awaits nothing: the lifecycle operations decide, the ledger remembers.
+After Ray Serve's `ReplicaStateContainer`: the ledger alone holds the steps' states, and each
+change of state is one of its methods. A step is
+
+- **waiting** to be sent (`queue`, or `open` for a stage's steps), then
+- **tracked** once its start is sent (`start`), or kept tracked by a stop until its worker
+  was told (`stop`), and
+- **counted** once its outcome is (`settle`); a failed attempt to be tried again is
+  **retrying** meanwhile (`retry`), then waiting again (`retry_due`).
+
+`forget` drops a tracked step whose run is gone (lost, moved, undelivered), `drain` takes
+everything not yet running out for a stop. Other modules ask by state (`is_counted`,
+`entry`, `started_before`, ...) and never reach into the collections. The stage cursor
+(`current`) is the stage the job is running. The ledger writes nothing and awaits nothing:
+the lifecycle operations decide, the ledger remembers.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
-from .messages import Prepared
+from .counted import Counted, CountedStops
+from .messages import Prepared, StepStart
+from .retrying import Decision, Verdict
 from .step_types import StepTypes
 
 FRESH_LIMIT = 100_000
@@ -25,101 +36,6 @@ FRESH_LIMIT = 100_000
 
 Pending = dict[int, list[tuple[str, int]]]
 """Per stage, the steps still to run and the attempt each runs next."""
-
-
-class Counted(set[str]):
-    """The steps whose outcome is counted, with how many of each stage are.
-
-    A stage is done when all its steps are counted; asking that by scanning the stage made
-    every batch of outcomes cost a pass over the stage (quadratic in the job's size: a quarter
-    of a 30,000-step job's controller time). The per-stage counts make it one lookup."""
-
-    def __init__(self, stage_of: dict[str, int]) -> None:
-        super().__init__()
-        self._stage_of = stage_of
-        self.per_stage: dict[int, int] = {}
-
-    def add(self, step_id: str) -> None:
-        if step_id not in self:
-            super().add(step_id)
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
-
-    def discard(self, step_id: object) -> None:
-        if isinstance(step_id, str) and step_id in self:
-            super().discard(step_id)
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] -= 1
-
-    def remove(self, step_id: str) -> None:
-        if step_id not in self:
-            raise KeyError(step_id)
-        self.discard(step_id)
-
-    def update(self, *others: Iterable[str]) -> None:
-        for other in others:
-            for step_id in other:
-                self.add(step_id)
-
-    def __ior__(self, other: AbstractSet[str]) -> Counted:  # type: ignore[override,misc]
-        self.update(other)
-        return self
-
-    def clear(self) -> None:
-        super().clear()
-        self.per_stage.clear()
-
-    def recount(self) -> None:
-        """Count per stage again (the steps' stages became known after they were counted)."""
-        self.per_stage = {}
-        for step_id in self:
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
-
-
-class CountedStops:
-    """The steps whose stop this execution counted: the job record's `stopped_steps_counted`,
-    with a set beside it.
-
-    Asking the list and copying it for every stop made a stop of N steps cost O(N²): about a
-    minute at 100,000 steps. The set follows the list it was built from; a list put in its
-    place (a recount, a resume) is read again on the next question."""
-
-    def __init__(self) -> None:
-        self._of: list[str] | None = None
-        self._ids: set[str] = set()
-
-    def _view(self, state: JobState) -> set[str]:
-        if self._of is not state.stopped_steps_counted:
-            self._of = state.stopped_steps_counted
-            self._ids = set(self._of)
-        return self._ids
-
-    def has(self, state: JobState, step_id: str) -> bool:
-        return step_id in self._view(state)
-
-    def add(self, state: JobState, step_id: str) -> bool:
-        """Count the step's stop; False when it was counted already. The list grows in
-        place: every write of the record encodes it as it stands, within the job's turn."""
-        ids = self._view(state)
-        if step_id in ids:
-            return False
-        ids.add(step_id)
-        state.stopped_steps_counted.append(step_id)
-        return True
-
-    def discard(self, state: JobState, step_id: str) -> bool:
-        """Take the step's counted stop back; False when none was counted."""
-        ids = self._view(state)
-        if step_id not in ids:
-            return False
-        ids.discard(step_id)
-        state.stopped_steps_counted = [s for s in state.stopped_steps_counted if s != step_id]
-        self._of = state.stopped_steps_counted
-        return True
 
 
 @dataclass
@@ -139,46 +55,123 @@ class StepLedger:
     """Which steps are tracked, waiting, retrying or counted, in which stage and attempt."""
 
     def __init__(self) -> None:
-        self.stage_steps: dict[int, list[str]] = {}
-        self.stage_of: dict[str, int] = {}
-        self.names: dict[str, str] = {}
-        """The steps that have a name (read with `.get(step_id, "")`)."""
-        self.types = StepTypes()
-        """Each step's type: the dispatcher sends a step only to a host that runs its type."""
-        self.tracked: dict[str, Tracked] = {}
-        self.waiting: deque[tuple[str, int]] = deque()
-        self.counted = Counted(self.stage_of)
-        self.stops = CountedStops()
-        self.next_attempt: dict[str, int] = {}
-        self.retries: dict[str, asyncio.Task[None]] = {}
-        self.sticky: dict[str, str] = {}
-        """Steps whose last run a recount found on a worker host (its stored lease): the next
-        start goes back to that host while it lives, so a run is never doubled elsewhere."""
-        self.urgent: set[str] = set()
+        self._stage_steps: dict[int, list[str]] = {}
+        self._stage_of: dict[str, int] = {}
+        self._names: dict[str, str] = {}
+        """The steps that have a name."""
+        self._types = StepTypes()
+        self._tracked: dict[str, Tracked] = {}
+        self._waiting: deque[tuple[str, int]] = deque()
+        self._counted = Counted(self._stage_of)
+        self._stops = CountedStops()
+        self._next_attempt: dict[str, int] = {}
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._sticky: dict[str, str] = {}
+        """Steps whose next start goes back to a host (where their last run was found), so a
+        run is never doubled elsewhere."""
+        self._urgent: set[str] = set()
         """Steps sent again after their run was lost: their next start is urgent."""
-        self.losses: list[str] = []
+        self._losses: list[str] = []
         """Every worker host this activation was told it lost, in order: a dispatch answered
         after a loss sends again what went to that host."""
-        self.fresh: dict[str, Prepared] = {}
+        self._fresh: dict[str, Prepared] = {}
         """Steps this activation prepared and stored, not yet started: the first start of each
         carries its record, which the worker then need not read back (at most `FRESH_LIMIT`;
         forgotten when the ledger is recounted from storage)."""
-        self.current: int | None = None
-        """The stage cursor: the stage being run, None before the first one opens."""
-        self.loaded = False
-        """Whether the steps are indexed (from the plan or from storage)."""
+        self._due: dict[str, tuple[int, datetime | None]] = {}
+        """Failed attempts a recount found decided for a retry: the next attempt and when it
+        is due, until the resume schedules them (`take_due`)."""
+        self._current: int | None = None
+        self._loaded = False
 
-    # -- the plan -----------------------------------------------------------------------------
+    # -- queries ----------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the steps are indexed (from the plan or from storage)."""
+        return self._loaded
+
+    @property
+    def current(self) -> int | None:
+        """The stage cursor: the stage being run, None before the first one opens."""
+        return self._current
+
+    @property
+    def types(self) -> StepTypes:
+        """Each step's type: the dispatcher sends a step only to a host that runs its type."""
+        return self._types
+
+    def stage_of(self, step_id: str) -> int:
+        return self._stage_of.get(step_id, 0)
+
+    def name_of(self, step_id: str) -> str:
+        return self._names.get(step_id, "")
+
+    def is_counted(self, step_id: str) -> bool:
+        return step_id in self._counted
+
+    def entry(self, step_id: str) -> Tracked | None:
+        """The step's tracked start, if it is tracked."""
+        return self._tracked.get(step_id)
+
+    @property
+    def has_tracked(self) -> bool:
+        """A start was sent (or a stop is not yet told) and no outcome counted for it."""
+        return bool(self._tracked)
+
+    @property
+    def queued(self) -> int:
+        """Steps waiting to be sent."""
+        return len(self._waiting)
+
+    @property
+    def outstanding(self) -> int:
+        """Steps with no outcome counted yet."""
+        return max(0, len(self._stage_of) - len(self._counted))
+
+    @property
+    def has_work(self) -> bool:
+        """Steps are tracked, waiting to be sent or waiting out a backoff in this activation."""
+        return bool(self._tracked or self._waiting or self._retries)
+
+    def room(self, window: int | None) -> int:
+        """How many more starts the job's window allows (every waiting one without a window)."""
+        if window is None:
+            return len(self._waiting)
+        return max(0, window - len(self._tracked) - len(self._retries))
+
+    def hosts_in_use(self) -> set[str]:
+        """The worker hosts that took a tracked start."""
+        return {entry.host for entry in self._tracked.values() if entry.host}
+
+    def started_before(self, cutoff: datetime) -> dict[str, tuple[str, int]]:
+        """The tracked starts sent at or before `cutoff`: host and attempt of each."""
+        return {
+            step_id: (entry.host, entry.attempt)
+            for step_id, entry in self._tracked.items()
+            if entry.since is not None and entry.since <= cutoff
+        }
+
+    @property
+    def losses(self) -> int:
+        """How many worker hosts this activation was told it lost."""
+        return len(self._losses)
+
+    def stop_counted(self, state: JobState, step_id: str) -> bool:
+        """Whether this execution counted the step's stop."""
+        return self._stops.has(state, step_id)
+
+    # -- the plan and the stages ----------------------------------------------------------------
 
     def index(self, steps: Iterable[tuple[str, int, str, str]]) -> None:
         """Know the job's steps as (id, stage, name, type), from its plan or from step
         storage."""
-        self.stage_steps = {}
-        self.types = types = StepTypes()
+        self._stage_steps = stage_steps = dict[int, list[str]]()
+        self._types = types = StepTypes()
         others = types.others
-        stage_of, names = self.stage_of, self.names
+        stage_of, names = self._stage_of, self._names
         for step_id, stage, name, step_type in steps:
-            self.stage_steps.setdefault(stage, []).append(step_id)
+            stage_steps.setdefault(stage, []).append(step_id)
             stage_of[step_id] = stage
             if name:  # most steps have none; a million empty entries would hold ~100 MB
                 names[step_id] = name
@@ -187,19 +180,17 @@ class StepLedger:
                     others[step_id] = step_type
                 else:
                     types.default = step_type
-        self.counted.recount()
-        self.loaded = True
+        self._counted.recount()
+        self._loaded = True
 
     def stage_sizes(self) -> dict[int, int]:
-        return {stage: len(ids) for stage, ids in self.stage_steps.items()}
-
-    # -- the stage cursor ---------------------------------------------------------------------
+        return {stage: len(ids) for stage, ids in self._stage_steps.items()}
 
     def stages(self) -> list[int]:
-        return sorted(self.stage_steps)
+        return sorted(self._stage_steps)
 
     def stage_done(self, stage: int) -> bool:
-        return self.counted.per_stage.get(stage, 0) >= len(self.stage_steps.get(stage, ()))
+        return self._counted.per_stage.get(stage, 0) >= len(self._stage_steps.get(stage, ()))
 
     def first_open_stage(self) -> int | None:
         for stage in self.stages():
@@ -208,12 +199,14 @@ class StepLedger:
         return None
 
     def open(self, stage: int) -> None:
-        """Move the cursor to `stage` and queue its steps that are neither counted nor tracked."""
-        self.current = stage
-        self.waiting.extend(
-            (step_id, self.next_attempt.get(step_id, 1))
-            for step_id in self.stage_steps.get(stage, ())
-            if step_id not in self.counted and step_id not in self.tracked
+        """Move the cursor to `stage` and queue its steps that are neither counted, tracked
+        nor waiting out a retry's backoff."""
+        self._current = stage
+        counted, tracked, retries = self._counted, self._tracked, self._retries
+        self._waiting.extend(
+            (step_id, self._next_attempt.get(step_id, 1))
+            for step_id in self._stage_steps.get(stage, ())
+            if step_id not in counted and step_id not in tracked and step_id not in retries
         )
 
     def uncounted_after(self, stage: int) -> list[str]:
@@ -222,97 +215,213 @@ class StepLedger:
             step_id
             for later in self.stages()
             if later > stage
-            for step_id in self.stage_steps[later]
-            if step_id not in self.counted
+            for step_id in self._stage_steps[later]
+            if step_id not in self._counted
         ]
 
-    # -- what runs ----------------------------------------------------------------------------
+    # -- transitions ------------------------------------------------------------------------
 
-    def room(self, window: int | None) -> int:
-        """How many more starts the job's window allows (every waiting one without a window)."""
-        if window is None:
-            return len(self.waiting)
-        return max(0, window - len(self.tracked) - len(self.retries))
+    def keep_fresh(self, records: list[JobStepState], versions: list[int]) -> None:
+        """Remember records just prepared and stored: their first start carries them."""
+        fresh = self._fresh
+        if len(fresh) + len(records) > FRESH_LIMIT:
+            return
+        for step, version in zip(records, versions, strict=True):
+            state = step.state
+            assert state is not None
+            fresh[step.id] = (step.type, step.name, step.stage, state.type, state.data, version)
 
-    @property
-    def has_work(self) -> bool:
-        """Steps are tracked, waiting to be sent or waiting out a backoff in this activation."""
-        return bool(self.tracked or self.waiting or self.retries)
+    def queue(self, steps: Iterable[tuple[str, int]], *, urgent: bool = False) -> int:
+        """Queue steps (id, attempt) ahead of the others, in order; counted steps are
+        skipped, and a step tracked by then is not started twice (`start` skips it).
+        `urgent`: sent again after their run was lost. Returns how many were queued."""
+        counted = self._counted
+        again = [(step_id, attempt) for step_id, attempt in steps if step_id not in counted]
+        self._waiting.extendleft(reversed(again))
+        if urgent:
+            self._urgent.update(step_id for step_id, _ in again)
+        return len(again)
 
-    def place(self, hosts: dict[str, list[str]], generation: int) -> None:
+    def start(
+        self, room: int, generation: int, now: datetime
+    ) -> tuple[list[StepStart], dict[str, str]]:
+        """Take up to `room` waiting steps and track them as started in `generation`: their
+        starts, and the hosts some of them go back to."""
+        chosen: list[StepStart] = []
+        waiting, counted, tracked = self._waiting, self._counted, self._tracked
+        fresh, urgent, stage_of = self._fresh, self._urgent, self._stage_of
+        while waiting and len(chosen) < room:
+            step_id, attempt = waiting.popleft()
+            if step_id in counted or step_id in tracked:
+                continue
+            again = bool(urgent) and step_id in urgent
+            if again:
+                urgent.discard(step_id)
+            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
+            tracked[step_id] = Tracked(stage_of.get(step_id, 0), attempt, generation, since=now)
+        sticky: dict[str, str] = {}
+        if self._sticky:
+            for start in chosen:
+                host = self._sticky.pop(start.step_id, None)
+                if host is not None:
+                    sticky[start.step_id] = host
+        return chosen, sticky
+
+    def place(self, hosts: Mapping[str, list[str]], generation: int) -> None:
         """Record which worker host took which of this execution's starts."""
-        tracked = self.tracked
+        tracked = self._tracked
         for host, step_ids in hosts.items():
             for step_id in step_ids:
                 entry = tracked.get(step_id)
                 if entry is not None and entry.generation == generation:
                     entry.host = host
 
-    def lose(self, hosts: Iterable[str], *, again: bool = False) -> list[tuple[str, int]]:
+    def runs_on(self, step_id: str, host: str) -> None:
+        """The step's live run is on `host` (another host than the one asked): it reports
+        from there."""
+        entry = self._tracked.get(step_id)
+        if entry is not None:
+            entry.host = host
+
+    def pin(self, hosts: Mapping[str, str]) -> None:
+        """The next start of each step goes back to its host (where its run was found)."""
+        self._sticky.update(hosts)
+
+    def move(self, step_ids: Iterable[str], to: list[str]) -> int:
+        """Runs handed back by their hosts, not started: queued first and urgent, spread over
+        the hosts `to` (or wherever dispatch places them). Returns how many moved."""
+        moved = []
+        for step_id in step_ids:
+            entry = self._tracked.pop(step_id, None)
+            if entry is not None and step_id not in self._counted:
+                moved.append((step_id, entry.attempt))
+                if to:
+                    self._sticky[step_id] = to[len(moved) % len(to)]
+        return self.queue(moved, urgent=True)
+
+    def settle(self, step_id: str) -> None:
+        """The step's outcome is counted."""
+        self._tracked.pop(step_id, None)
+        self._counted.add(step_id)
+
+    def count_stop(self, state: JobState, step_id: str) -> bool:
+        """List the step's stop in the job's record, once per execution; False when it was
+        listed already."""
+        return self._stops.add(state, step_id)
+
+    def take_back_stop(self, state: JobState, step_id: str) -> bool:
+        """A counted stop is replaced by the outcome that followed it: the step is no longer
+        counted, nor its stop listed. False when no stop of it was counted."""
+        if not self._stops.discard(state, step_id):
+            return False
+        self._counted.discard(step_id)
+        return True
+
+    def retry(self, step_id: str, timer: asyncio.Task[None]) -> None:
+        """A failed attempt waits out its backoff (`timer`) before it is queued again."""
+        self._tracked.pop(step_id, None)
+        self._retries[step_id] = timer
+
+    def retry_due(self, step_id: str) -> None:
+        """The step's backoff passed: it is no longer retrying (its caller queues it)."""
+        self._retries.pop(step_id, None)
+
+    def is_retrying(self, step_id: str) -> bool:
+        return step_id in self._retries
+
+    def take_due(self) -> dict[str, tuple[int, datetime | None]]:
+        """The retries the last recount found decided, each taken once, to schedule."""
+        due, self._due = self._due, {}
+        return due
+
+    def stop(self, step_ids: Iterable[str], generation: int) -> None:
+        """Keep steps a stop must reach tracked until each is accounted for (told, or its
+        answer counted), so nothing finalizes the stop while their work may run."""
+        tracked, stage_of = self._tracked, self._stage_of
+        for step_id in step_ids:
+            if step_id not in tracked:
+                tracked[step_id] = Tracked(stage_of.get(step_id, 0), 1, generation)
+
+    def forget(self, step_id: str) -> Tracked | None:
+        """Drop the step's tracked start (its run is gone, moved or accounted for)."""
+        return self._tracked.pop(step_id, None)
+
+    def drain(self) -> set[str]:
+        """Every step that may run or is about to: tracked, waiting or retrying. Retries are
+        cancelled and the queue emptied, so nothing more is sent."""
+        steps = set(self._tracked) | set(self._retries)
+        steps.update(step_id for step_id, _ in self._waiting)
+        self.cancel_retries()
+        self._waiting.clear()
+        self._due.clear()
+        return steps
+
+    def cancel_retries(self) -> None:
+        for task in self._retries.values():
+            task.cancel()
+        self._retries.clear()
+
+    def lose(self, hosts: Iterable[str]) -> list[tuple[str, int]]:
         """Forget the starts that went to `hosts`, which are gone; they are to be sent again
-        (same attempt: the run was interrupted, it did not fail). `again`: a loss already
-        recorded, applied to answers that came back after it."""
+        (same attempt: the run was interrupted, it did not fail)."""
         gone = set(hosts)
-        if not again:
-            self.losses.extend(sorted(gone))
+        self._losses.extend(sorted(gone))
+        return self._forget_on(gone)
+
+    def lose_again(self, since: int) -> list[tuple[str, int]]:
+        """Apply the losses recorded after the first `since` again, to answers that came back
+        after them."""
+        return self._forget_on(set(self._losses[since:]))
+
+    def _forget_on(self, gone: set[str]) -> list[tuple[str, int]]:
         lost = [
             (step_id, entry.attempt)
-            for step_id, entry in self.tracked.items()
+            for step_id, entry in self._tracked.items()
             if entry.host in gone
         ]
         for step_id, _ in lost:
-            del self.tracked[step_id]
-        for step_id in [s for s, host in self.sticky.items() if host in gone]:
-            del self.sticky[step_id]
+            del self._tracked[step_id]
+        for step_id in [s for s, host in self._sticky.items() if host in gone]:
+            del self._sticky[step_id]
         return lost
-
-    def cancel_retries(self) -> None:
-        for task in self.retries.values():
-            task.cancel()
-        self.retries.clear()
-
-    def take_in_flight(self) -> set[str]:
-        """Every step that may run or is about to: tracked, waiting or retrying. Retries are
-        cancelled and the queue emptied, so nothing more is sent."""
-        steps = set(self.tracked) | set(self.retries)
-        steps.update(step_id for step_id, _ in self.waiting)
-        self.cancel_retries()
-        self.waiting.clear()
-        return steps
 
     # -- recount ------------------------------------------------------------------------------
 
     def reconcile(
-        self, steps: Iterable[JobStepState], would_retry: Callable[[JobStepState], bool]
+        self, steps: Iterable[JobStepState], decide: Callable[[JobStepState], Decision]
     ) -> tuple[list[tuple[int, JobStepStatus]], Pending]:
-        """Forget what ran; count stored outcomes again. Returns the outcomes and what each
-        stage still has to run."""
-        self.counted.clear()
-        self.tracked.clear()
-        self.waiting.clear()
-        self.sticky.clear()
-        self.urgent.clear()
-        self.fresh.clear()
+        """Forget what ran; count stored outcomes again, a failed attempt as `decide` says
+        (a retry is pending, and due at its time: `take_due`). Returns the outcomes and what
+        each stage still has to run."""
+        self._due.clear()
+        self._counted.clear()
+        self._tracked.clear()
+        self._waiting.clear()
+        self._sticky.clear()
+        self._urgent.clear()
+        self._fresh.clear()
         outcomes: list[tuple[int, JobStepStatus]] = []
         pending: Pending = {}
         for step in steps:
             status = step.status
             if status in (JobStepStatus.COMPLETED_SUCCESSFULLY, JobStepStatus.UNREACHABLE):
                 outcomes.append((step.stage, status))
-                self.counted.add(step.id)
+                self._counted.add(step.id)
             elif status in FAILED_STEP_STATUSES:
-                if status == JobStepStatus.COMPLETED_WITH_FAILURE and would_retry(step):
+                decision = decide(step)
+                if decision.verdict is Verdict.RETRY:
                     pending.setdefault(step.stage, []).append((step.id, step.attempt + 1))
+                    self._due[step.id] = (step.attempt + 1, decision.at)
                 else:
                     outcomes.append((step.stage, JobStepStatus.FAILED))
-                    self.counted.add(step.id)
+                    self._counted.add(step.id)
             else:
                 # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
                 pending.setdefault(step.stage, []).append((step.id, max(1, step.attempt)))
                 if status == JobStepStatus.RUNNING and step.lease is not None and step.lease.host:
-                    self.sticky[step.id] = step.lease.host
-        self.current = None
-        self.next_attempt = {
+                    self._sticky[step.id] = step.lease.host
+        self._current = None
+        self._next_attempt = {
             step_id: attempt
             for stage_pending in pending.values()
             for step_id, attempt in stage_pending

@@ -13,7 +13,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from ..jobs.errors import StartJobStepError
-from ..jobs.state import JobKey, StepError
+from ..jobs.state import JobKey, StepDecision, StepError
 from ..jobs.status import JobStepStatus
 
 Prepared = tuple[str, str, int, str, Any, int]
@@ -68,7 +68,9 @@ class StepReport(NamedTuple):
     """The result (or partial result) as (type name, JSON data): plain data crosses processes
     far faster than a pydantic model."""
     error: StepError | None = None
-    non_retryable: bool = False
+    decision: StepDecision | None = None
+    """The job's decision on this failed attempt, when one is stored with it (a stored
+    outcome read back); a run's fresh report has none yet."""
 
 
 class StopRequest(NamedTuple):
@@ -112,7 +114,10 @@ _STEP_STATUSES = {int(status): status for status in JobStepStatus}
 PackedStart = tuple[Any, ...]
 """A `StepStart`'s fields in order: four for a host without the `work-moves` capability."""
 PackedReport = tuple[Any, ...]
-"""A `StepReport`'s fields in order, its status as an int."""
+"""A `StepReport`'s fields in order, its status as an int, its decision as JSON. Where the
+decision goes, an older release sent (and reads) whether the failure was non-retryable: a
+report without a decision carries that flag there for such a host, and a flag read there is
+no decision (the error says the same)."""
 
 
 def pack_starts(starts: Sequence[StepStart], *, urgency: bool = True) -> list[PackedStart]:
@@ -138,7 +143,9 @@ def pack_reports(reports: Sequence[StepReport]) -> list[PackedReport]:
             r.name,
             r.result,
             r.error,
-            r.non_retryable,
+            r.decision.model_dump_json()
+            if r.decision is not None
+            else bool(r.error and r.error.non_retryable),
         )
         for r in reports
     ]
@@ -147,8 +154,18 @@ def pack_reports(reports: Sequence[StepReport]) -> list[PackedReport]:
 def unpack_reports(packed: Sequence[PackedReport]) -> list[StepReport]:
     statuses = _STEP_STATUSES
     return [
-        StepReport(step_id, statuses[status], generation, attempt, stage, name, result, error, flag)
-        for step_id, status, generation, attempt, stage, name, result, error, flag in packed
+        StepReport(
+            step_id,
+            statuses[status],
+            generation,
+            attempt,
+            stage,
+            name,
+            result,
+            error,
+            StepDecision.model_validate_json(decision) if isinstance(decision, str) else None,
+        )
+        for step_id, status, generation, attempt, stage, name, result, error, decision in packed
     ]
 
 

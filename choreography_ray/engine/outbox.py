@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from ..jobs.options import JobsOptions
+from ..jobs.retry import Backoff
 from ..jobs.state import JobKey
 from ..jobs.status import JobStepStatus
 from .clock import Clock
@@ -78,8 +79,9 @@ class Outbox:
         """Send a batch, retrying with backoff. A removal's report is not bounded by
         `step_delivery_max_attempts`: it goes on while the worker lives, until the job hears
         it (a job that no longer exists answers that there is nothing left to report)."""
-        delay = self.options.step_delivery_retry_delay.total_seconds()
-        cap = self.options.max_step_delivery_retry_delay.total_seconds()
+        backoff = Backoff.between(
+            self.options.step_delivery_retry_delay, self.options.max_step_delivery_retry_delay
+        )
         limit: int | None = self.options.step_delivery_max_attempts
         if any(report.status == JobStepStatus.REMOVING for report in reports):
             limit = None
@@ -99,10 +101,10 @@ class Outbox:
                         error,
                     )
                     return
+                delay = backoff.next()
                 log.info("report to job %s failed (%s); retrying in %.1fs", job_id, error, delay)
                 self._backing_off += 1
                 try:
                     await self.clock.sleep(delay)
                 finally:
                     self._backing_off -= 1
-                delay = min(cap, delay * 2)

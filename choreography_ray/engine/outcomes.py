@@ -14,6 +14,7 @@ from . import progress as counting
 from .activation import ActivationCore
 from .messages import StepReport
 from .record import Released
+from .retrying import Decision, Verdict
 
 
 class Outcomes:
@@ -24,44 +25,46 @@ class Outcomes:
         self.record = core.record
         self.ledger = core.ledger
 
-    async def handle(self, report: StepReport) -> bool:
-        """Count a report, or requeue or ignore it. True when the report is a failed attempt
-        that is to be tried again: the caller schedules it (`Stages.retry`)."""
+    async def handle(self, report: StepReport) -> Decision | None:
+        """Count a report, or requeue or ignore it. Returns the decision to try a failed
+        attempt again, which the caller schedules (`Stages.retry`); None otherwise."""
         record = self.record
         ledger = self.ledger
         record.counters.reports += 1
         state = record.state
         status = state.status
         step_id = report.step_id
-        if step_id in ledger.counted and not self._takes_back_stop(report):
-            ledger.tracked.pop(step_id, None)  # told once more, it has now reported
+        if ledger.is_counted(step_id) and not self._takes_back_stop(report):
+            ledger.forget(step_id)  # told once more, it has now reported
             record.counters.ignored_reports += 1
-            return False
-        tracked = ledger.tracked.get(step_id)
+            return None
+        tracked = ledger.entry(step_id)
         stop = report.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING)
         if stop and report.generation < state.execution_generation:
             # A late stop of an earlier execution: not ours to count; run the step again.
             record.counters.ignored_reports += 1
             if status == JobStatus.RUNNING and tracked is not None:
-                ledger.tracked.pop(step_id)
-                ledger.waiting.appendleft((step_id, tracked.attempt))
-            return False
+                ledger.forget(step_id)
+                ledger.queue([(step_id, tracked.attempt)])
+            return None
         if status in RUNNING_JOB_STATUSES:
             if stop:
                 # A step stopped without the job asking (its worker went away): run it again.
-                ledger.tracked.pop(step_id, None)
-                ledger.waiting.appendleft((step_id, report.attempt))
-                return False
-            if report.status == JobStepStatus.COMPLETED_WITH_FAILURE and self._retries(report):
-                return True
+                ledger.forget(step_id)
+                ledger.queue([(step_id, report.attempt)])
+                return None
+            if report.status == JobStepStatus.COMPLETED_WITH_FAILURE:
+                decision = self.decide(report)
+                if decision.verdict is Verdict.RETRY:
+                    return decision
         elif status not in (JobStatus.STOPPED, JobStatus.REMOVING):
             record.counters.ignored_reports += 1
-            return False
-        if stop and not ledger.stops.add(state, step_id):
+            return None
+        if stop and not ledger.count_stop(state, step_id):
             record.counters.ignored_reports += 1
-            return False
+            return None
         await self.count(report)
-        return False
+        return None
 
     def _takes_back_stop(self, report: StepReport) -> bool:
         """A step counted as stopped whose run then ends with a success, or a failure (no
@@ -77,22 +80,33 @@ class Outcomes:
             JobStepStatus.COMPLETED_WITH_FAILURE,
         ):
             return False
-        if not self.ledger.stops.discard(state, step_id):
+        if not self.ledger.take_back_stop(state, step_id):
             return False
         counting.uncount_stop(state.progress)
-        self.ledger.counted.discard(step_id)
         return True
 
-    def _retries(self, report: StepReport) -> bool:
-        rule = self.core.retry
-        if report.non_retryable or report.attempt >= rule.max_attempts:
-            return False  # decided before building the outcome, which costs a result load
-        return rule.allows(self.outcome(report), report.non_retryable)
+    def decide(self, report: StepReport) -> Decision:
+        """The one decision on a reported or stored outcome (`retrying.decide`), made once: a
+        decision the report carries for its attempt stands; a new one is stored with the step
+        before the job record's next write (`JobRecord.decided`). The job's hook sees the
+        outcome only when the policy leaves a retry (building it costs a result load)."""
+        core = self.core
+        decision = core.retry.decide(
+            report,
+            self.ledger.types.of(report.step_id),
+            core.ctx.clock.now(),
+            lambda: self.outcome(report),
+        )
+        stored = report.decision
+        if decision.verdict is not Verdict.COUNT and (
+            stored is None or stored.attempt != report.attempt
+        ):
+            self.record.decided(report.step_id, decision.stored(report.attempt))
+        return decision
 
     async def count(self, report: StepReport) -> None:
         """Count the step's outcome once and tell the job's hook."""
-        self.ledger.tracked.pop(report.step_id, None)
-        self.ledger.counted.add(report.step_id)
+        self.ledger.settle(report.step_id)
         progress = self.record.state.progress
         counting.count(progress, report.stage, report.status)
         core = self.core
@@ -117,7 +131,7 @@ class Outcomes:
                 )
         return StepOutcome(
             step_id=report.step_id,
-            name=report.name or self.ledger.names.get(report.step_id, ""),
+            name=report.name or self.ledger.name_of(report.step_id),
             stage=report.stage,
             status=report.status,
             attempt=report.attempt,

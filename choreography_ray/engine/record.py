@@ -15,8 +15,8 @@ from typing import Any
 
 from ..jobs.errors import VersionConflictError
 from ..jobs.job import Job, JobInfo
-from ..jobs.state import JobOwner, JobState, StatusChange
-from ..jobs.status import JobStatus
+from ..jobs.state import JobOwner, JobState, JobStepState, StatusChange, StepDecision
+from ..jobs.status import JobStatus, JobStepStatus
 from .context import EngineContext, error_messages
 
 log = logging.getLogger("choreography_ray.engine")
@@ -63,6 +63,8 @@ class JobRecord:
         """Why the activation let go of the job; empty when it finished normally."""
         self._on_release = on_release
         self._on_saved = on_saved
+        self._decisions: dict[str, StepDecision] = {}
+        """Decisions on failed attempts not yet stored with them (see `decided`)."""
 
     @property
     def id(self) -> str:
@@ -92,10 +94,40 @@ class JobRecord:
         if self.ctx.on_status is not None:
             self.ctx.on_status(status)
 
+    def decided(self, step_id: str, decision: StepDecision) -> None:
+        """A decision on the step's stored failed attempt, to store with it before the next
+        write of the job record: the retry it schedules waits for that write (the job's turn),
+        and a final failure counts in the progress that write saves."""
+        self._decisions[step_id] = decision
+
+    async def _store_decisions(self) -> None:
+        """Store the pending decisions on their step records, in one read and one write. A
+        record that moved on meanwhile (a newer attempt, a removal) keeps what it holds."""
+        if not self._decisions:
+            return
+        decisions, self._decisions = self._decisions, {}
+        steps = self.ctx.storage.steps
+        try:
+            records = await steps.get_many(self.id, list(decisions))
+            changed = [
+                record.model_copy(update={"decision": decisions[record.id]})
+                for record in records
+                if record.status == JobStepStatus.COMPLETED_WITH_FAILURE
+                and record.attempt == decisions[record.id].attempt
+                and record.decision != decisions[record.id]
+            ]
+            if changed:
+                await save_all(steps, changed)
+        except BaseException:
+            self._decisions = {**decisions, **self._decisions}
+            raise
+
     async def save(self) -> None:
         """Compare-and-set the job record; a lost race means another activation owns the job.
+        Decisions on failed attempts are stored first (`decided`).
 
         A write of a job this host owns renews its ownership lease (`job_ownership_lease`)."""
+        await self._store_decisions()
         me = self.ctx.owner
         owner = self.state.owner
         if (
@@ -192,3 +224,18 @@ class JobRecord:
         except Exception:
             self.log.exception("job %s: could not clear its state", self.id)
             raise
+
+
+async def save_all(storage: Any, states: list[JobStepState]) -> None:
+    """Save step records the job changes (Unreachable, a decision); one that moved meanwhile
+    (another run, a removal) keeps what it holds."""
+    try:
+        versions = await storage.save_many(states)
+    except VersionConflictError as conflict:
+        lost = set(conflict.conflicts)
+        rest = [s for s in states if s.id not in lost]
+        if rest:
+            await save_all(storage, rest)
+        return
+    for state, version in zip(states, versions, strict=True):
+        state.version = version

@@ -17,13 +17,17 @@ from ..jobs.state import JobStepState
 from . import progress as counting
 from .activation import ActivationCore
 from .ledger import Pending
+from .outcomes import Outcomes
+from .retrying import Decision
+from .stored_steps import outcome_report
 
 
 class Recount:
     """Reads the job's steps and rebuilds the ledger and the progress from them."""
 
-    def __init__(self, core: ActivationCore) -> None:
+    def __init__(self, core: ActivationCore, outcomes: Outcomes) -> None:
         self.core = core
+        self.outcomes = outcomes
 
     async def load(self, *, strict: bool) -> tuple[list[JobStepState], Pending]:
         """The job's step records, and per stage what still has to run. `strict`: raise
@@ -40,10 +44,15 @@ class Recount:
             steps = await storage.get_for_job(core.id)
         ledger = core.ledger
         ledger.index((step.id, step.stage, step.name, step.type) for step in steps)
-        outcomes, pending = ledger.reconcile(steps, core.retry.allows_stored)
+        outcomes, pending = ledger.reconcile(steps, self._decide)
         state = core.record.state
         started = [entry.stage for entry in state.progress.stages if entry.is_started]
         base = counting.planned(ledger.stage_sizes())
         base.message = state.progress.message
         state.progress = counting.reconcile(base, outcomes, started)
         return steps, pending
+
+    def _decide(self, step: JobStepState) -> Decision:
+        """A stored failed attempt, decided as the live run would have (`Outcomes.decide`):
+        as stored when the job decided it, else now, and then stored."""
+        return self.outcomes.decide(outcome_report(step, step.generation, step.attempt))

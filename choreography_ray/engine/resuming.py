@@ -178,6 +178,7 @@ class Resuming:
             raise ResumeJobFailed(
                 f"the resume hook failed: {error}", code=CannotResumeJobError.UNKNOWN
             ) from error
+        self.stages.retry_due()  # a stored failure waits out its stored retry time
         await self.stages.advance(dispatch_failures_fail=False)
         await record.save_progress()
         if state.status.is_terminal:

@@ -19,12 +19,14 @@ from pydantic import BaseModel
 
 from ..jobs.errors import ActivationCallbackRejected
 from ..jobs.registry import TypeKind, trusted
+from ..jobs.retry import error_type_name
 from ..jobs.state import JobStepProgress, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
 from .context import error_messages
 from .messages import StepReport, StepStart
-from .run_host import CallbackRejected, RunHost, RunKey, payload_tuple
+from .run_host import CallbackRejected, RunHost, RunKey
+from .stored_steps import outcome_report
 from .writer import StaleRecord, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
@@ -275,7 +277,9 @@ class StepRun(StepContext):
             heartbeat=worker.clock.now(),
             host=worker.host,
         )
-        self._set(attempt=self.attempt, generation=self.generation, lease=lease, error=None)
+        self._set(
+            attempt=self.attempt, generation=self.generation, lease=lease, error=None, decision=None
+        )
         self._status(JobStepStatus.RUNNING)
         self._write_later()  # the outcome's write follows it in order, and is waited for
         self._started = time.perf_counter()
@@ -300,6 +304,8 @@ class StepRun(StepContext):
                 stack_trace=traceback.format_exc(),
                 partial_result=registry.dump(partial) if partial is not None else None,
                 non_retryable=failure.non_retryable,
+                error_type=error_type_name(type(failure)),
+                retry_after=failure.retry_after,
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         except Exception as failure:
@@ -308,6 +314,7 @@ class StepRun(StepContext):
             error = StepError(
                 messages=error_messages(failure),
                 stack_trace=traceback.format_exc(),
+                error_type=error_type_name(type(failure)),
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         wrapped = step.wrap_result(result)
@@ -359,18 +366,5 @@ class StepRun(StepContext):
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
             self._set(progress=_DONE)
         self._status(status, error)
-        stored = self.record.state
-        self._report = StepReport(
-            step_id=stored.id,
-            status=status,
-            generation=self.generation,
-            attempt=self.attempt,
-            stage=stored.stage,
-            name=stored.name,
-            result=payload_tuple(
-                result if result is not None else (error.partial_result if error else None)
-            ),
-            error=error,
-            non_retryable=bool(error and error.non_retryable),
-        )
+        self._report = outcome_report(self.record.state, self.generation, self.attempt)
         return self._write()

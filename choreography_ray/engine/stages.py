@@ -4,6 +4,7 @@ timers that send a step again (a retry's backoff, an undelivered start)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from ..jobs.errors import NoEligibleJobWorker
@@ -11,12 +12,11 @@ from ..jobs.job import JobStageFailureBehavior
 from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
-from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore, save_all
-from .ledger import Tracked
+from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
 from .messages import StartOutcome, StartResult, StepReport, StepStart
 from .outcomes import Outcomes
 from .ports import Dispatched
-from .record import Released
+from .record import Released, save_all
 from .watchdog import Watchdog
 
 
@@ -43,7 +43,7 @@ class Stages:
         stay where they are). Returns how many runs moved. Call in the job's turn."""
         joined_event, self._joined = self._joined, asyncio.Event()
         joined_event.set()
-        used = {t.host for t in self.ledger.tracked.values() if t.host and t.host not in joined}
+        used = self.ledger.hosts_in_use() - joined
         if not used:
             return 0
         share = len(joined) / (len(used) + len(joined))
@@ -54,7 +54,7 @@ class Stages:
         moves to the hosts that stay, ahead of the job's other waiting steps (runs that
         perform finish there, or are stopped and moved before the node goes). Returns how
         many runs moved. Call in the job's turn."""
-        used = {t.host for t in self.ledger.tracked.values() if t.host in draining}
+        used = self.ledger.hosts_in_use() & draining
         if not used:
             return 0
         moved = await self._move(dict.fromkeys(used, 1.0), [], "draining hosts")
@@ -76,19 +76,11 @@ class Stages:
             return 0
         if self.record.released or self.record.state.status != JobStatus.RUNNING:
             return 0  # stopped meanwhile: the stop found no run of those steps, and counted it
-        moved = []
-        for step_id in given:
-            entry = ledger.tracked.pop(step_id, None)
-            if entry is not None and step_id not in ledger.counted:
-                moved.append((step_id, entry.attempt))
-                if to:
-                    ledger.sticky[step_id] = to[len(moved) % len(to)]
-        ledger.waiting.extendleft(reversed(moved))
-        ledger.urgent.update(step_id for step_id, _ in moved)
+        moved = ledger.move(given, to)
         if moved:
-            core.log.info("job %s: %d queued run(s) move off %s", core.id, len(moved), what)
+            core.log.info("job %s: %d queued run(s) move off %s", core.id, moved, what)
             await self.advance(dispatch_failures_fail=False)
-        return len(moved)
+        return moved
 
     # -- moving on ------------------------------------------------------------------------------
 
@@ -106,7 +98,7 @@ class Stages:
         while record.state.status == JobStatus.RUNNING and not record.released:
             if not await record.still_owned():
                 return failed  # another host claimed the job: this activation let it go
-            if ledger.waiting and ledger.room(self.core.window):
+            if ledger.queued and ledger.room(self.core.window):
                 failed += await self._dispatch_waiting(dispatch_failures_fail)
                 continue
             stage = ledger.current
@@ -177,8 +169,8 @@ class Stages:
             await save_all(storage, states)
         progress = self.record.state.progress
         for step_id in ids:
-            counting.count(progress, self.ledger.stage_of[step_id], JobStepStatus.UNREACHABLE)
-            self.ledger.counted.add(step_id)
+            counting.count(progress, self.ledger.stage_of(step_id), JobStepStatus.UNREACHABLE)
+            self.ledger.settle(step_id)
         for entry in progress.stages:
             if entry.stage > stage:
                 entry.is_started = False
@@ -191,36 +183,14 @@ class Stages:
         room = min(
             ledger.room(core.window), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts
         )
-        chosen: list[StepStart] = []
         generation = self.record.state.execution_generation
-        waiting, counted, tracked = ledger.waiting, ledger.counted, ledger.tracked
-        fresh, urgent = ledger.fresh, ledger.urgent
-        while waiting and len(chosen) < room:
-            step_id, attempt = waiting.popleft()
-            if step_id in counted or step_id in tracked:
-                continue
-            again = bool(urgent) and step_id in urgent
-            if again:
-                urgent.discard(step_id)
-            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
+        chosen, sticky = ledger.start(room, generation, core.ctx.clock.now())
         if not chosen:
             return 0
-        stage_of = ledger.stage_of
-        now = core.ctx.clock.now()
-        for start in chosen:
-            tracked[start.step_id] = Tracked(
-                stage_of.get(start.step_id, 0), start.attempt, generation, since=now
-            )
-        sticky = {}
-        if ledger.sticky:
-            for start in chosen:
-                host = ledger.sticky.pop(start.step_id, None)
-                if host is not None:
-                    sticky[start.step_id] = host
         batches = [chosen[i : i + DISPATCH_BATCH] for i in range(0, len(chosen), DISPATCH_BATCH)]
         limit = asyncio.Semaphore(core.ctx.options.max_concurrent_step_starts)
         job_type = self.record.state.type
-        losses = len(ledger.losses)
+        losses = ledger.losses
 
         async def send(batch: list[StepStart]) -> Dispatched | BaseException:
             async with limit:
@@ -254,9 +224,9 @@ class Stages:
             if answer.undelivered:
                 error = answer.error or ConnectionError("no worker host took the starts")
                 failed += await self._undelivered(answer.undelivered, error, failures_fail)
-        if len(ledger.losses) > losses:
+        if ledger.losses > losses:
             # A host was lost while the answers were on their way: what it took goes again.
-            self.send_again(ledger.lose(ledger.losses[losses:], again=True))
+            self.send_again(ledger.lose_again(losses))
         return failed
 
     async def locate(self) -> None:
@@ -269,15 +239,12 @@ class Stages:
         except Exception as error:
             core.log.warning("job %s: could not ask where its runs are: %s", core.id, error)
             return
-        self.ledger.sticky.update(held)
+        self.ledger.pin(held)
 
     def send_again(self, steps: list[tuple[str, int]]) -> None:
         """Queue interrupted starts (a lost host's) first, under their attempt; the caller
         advances the job."""
-        counted = self.ledger.counted
-        again = [(step_id, attempt) for step_id, attempt in steps if step_id not in counted]
-        self.ledger.waiting.extendleft(reversed(again))
-        self.ledger.urgent.update(step_id for step_id, _ in again)
+        self.ledger.queue(steps, urgent=True)
 
     async def _outside_turn(self, waiting: Any) -> Any:
         """Await workers' answers without holding the job's turn.
@@ -306,20 +273,19 @@ class Stages:
         if result.outcome in (StartOutcome.STARTED, StartOutcome.ALREADY_STARTED):
             return 0
         if result.outcome == StartOutcome.RUNNING_ELSEWHERE:
-            entry = self.ledger.tracked.get(result.step_id)
-            if entry is not None:
-                entry.host = result.reason  # its live run reports from there
+            self.ledger.runs_on(result.step_id, result.reason)  # its live run reports there
             return 0
         if result.outcome == StartOutcome.COMPLETED and result.report is not None:
-            if await self.outcomes.handle(result.report):
-                self.retry(result.report)
+            retry = await self.outcomes.handle(result.report)
+            if retry is not None:
+                self.retry(result.step_id, result.report.attempt + 1, retry.at)
             return 0
         ledger = self.ledger
-        tracked = ledger.tracked.pop(result.step_id, None)
+        tracked = ledger.forget(result.step_id)
         state = self.record.state
-        if state.status != JobStatus.RUNNING or result.step_id in ledger.counted:
+        if state.status != JobStatus.RUNNING or ledger.is_counted(result.step_id):
             return 0  # stopped meanwhile: the step was not run, and a resume starts it again
-        stage = tracked.stage if tracked else ledger.stage_of.get(result.step_id, 0)
+        stage = tracked.stage if tracked else ledger.stage_of(result.step_id)
         self.core.log.warning(
             "job %s: step %s failed to start: %s", self.core.id, result.step_id, result.reason
         )
@@ -330,7 +296,7 @@ class Stages:
                 generation=state.execution_generation,
                 attempt=tracked.attempt if tracked else 1,
                 stage=stage,
-                name=ledger.names.get(result.step_id, ""),
+                name=ledger.name_of(result.step_id),
                 error=StepError(messages=[result.reason or "the step did not start"]),
             )
         )
@@ -361,7 +327,7 @@ class Stages:
                 )
             return failed
         for start in batch:
-            self.ledger.tracked.pop(start.step_id, None)
+            self.ledger.forget(start.step_id)
             self.undelivered.add(start.step_id)
         interval = self.core.ctx.options.job_watchdog_interval
         self.core.log.warning(
@@ -399,11 +365,11 @@ class Stages:
         async with self.core.turn:
             if self.record.released or self.record.state.status != JobStatus.RUNNING:
                 return
-            counted = self.ledger.counted
-            self.undelivered.difference_update(s.step_id for s in batch if s.step_id in counted)
-            self.ledger.waiting.extendleft(
-                (s.step_id, s.attempt) for s in reversed(batch) if s.step_id not in counted
+            ledger = self.ledger
+            self.undelivered.difference_update(
+                s.step_id for s in batch if ledger.is_counted(s.step_id)
             )
+            ledger.queue((s.step_id, s.attempt) for s in batch)
             # A job waiting for a worker since its start fails its steps once the wait ends.
             await self.advance(
                 dispatch_failures_fail=self.record.state.waiting_for_worker is not None
@@ -412,14 +378,17 @@ class Stages:
 
     # -- retries --------------------------------------------------------------------------------
 
-    def retry(self, report: StepReport) -> None:
-        """Send a failed attempt's step again once its backoff passes."""
-        ledger = self.ledger
-        ledger.tracked.pop(report.step_id, None)
-        delay = self.core.retry.backoff(report.attempt)
-        ledger.retries[report.step_id] = self.core.spawn(
-            self._retry_later(report.step_id, report.attempt + 1, delay)
-        )
+    def retry(self, step_id: str, attempt: int, at: datetime | None) -> None:
+        """Send the step's next attempt `attempt` once its retry time `at` has come (at once
+        when it has passed): live, `at` is the decision's; on resume, the stored one."""
+        now = self.core.ctx.clock.now()
+        delay = 0.0 if at is None else max(0.0, (at - now).total_seconds())
+        self.ledger.retry(step_id, self.core.spawn(self._retry_later(step_id, attempt, delay)))
+
+    def retry_due(self) -> None:
+        """Schedule the retries a recount found decided (`StepLedger.reconcile`)."""
+        for step_id, (attempt, at) in self.ledger.take_due().items():
+            self.retry(step_id, attempt, at)
 
     async def _retry_later(self, step_id: str, attempt: int, delay: float) -> None:
         try:
@@ -427,10 +396,10 @@ class Stages:
         except asyncio.CancelledError:
             return
         async with self.core.turn:
-            self.ledger.retries.pop(step_id, None)
+            self.ledger.retry_due(step_id)
             if self.record.released or self.record.state.status != JobStatus.RUNNING:
                 return
-            self.ledger.waiting.appendleft((step_id, attempt))
+            self.ledger.queue([(step_id, attempt)])
             try:
                 await self.advance(dispatch_failures_fail=False)
                 await self.record.save_progress()

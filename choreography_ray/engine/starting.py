@@ -20,7 +20,6 @@ from ..jobs.status import JobStatus
 from . import progress as counting
 from .activation import PREPARE_BATCH, ActivationCore, JobStartResult
 from .context import error_messages, maybe_await
-from .ledger import FRESH_LIMIT
 from .outcomes import Outcomes
 from .planning import InvalidPlan, build_plan, plan_exceeds, plan_size
 from .record import Released
@@ -302,12 +301,7 @@ class Starting:
             if rest:
                 await self._store_prepared(rest)
             return
-        fresh = self.ledger.fresh
-        if len(fresh) + len(batch) <= FRESH_LIMIT:
-            for step, version in zip(batch, versions, strict=True):
-                state = step.state
-                assert state is not None
-                fresh[step.id] = (step.type, step.name, step.stage, state.type, state.data, version)
+        self.ledger.keep_fresh(batch, versions)
 
     async def _enter_running(self, *, resuming: bool) -> JobStartResult:
         """Write Running and dispatch. A start that reaches no worker fails its steps on a clean

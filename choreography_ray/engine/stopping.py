@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 
 from ..jobs.errors import RemoveJobError, RemoveJobFailed, StopJobError, StopJobFailed
+from ..jobs.retry import Backoff
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import ActivationCore
-from .ledger import Tracked
 from .messages import StepReport, StopRequest
 from .outcomes import Outcomes
 from .recount import Recount
@@ -48,9 +48,9 @@ class Stopping:
         may still be live: told once that the job stops or is removed (`candidates`)."""
         self._noticed: set[str] = set()
         """Steps told so by this activation: never told twice."""
-        self._notify_delay = NOTIFY_RETRY_DELAY
+        self._notify_backoff = Backoff(NOTIFY_RETRY_DELAY, NOTIFY_RETRY_CAP)
         self._notify_timer: asyncio.Task[None] | None = None
-        self._finish_delay = NOTIFY_RETRY_DELAY
+        self._finish_backoff = Backoff(NOTIFY_RETRY_DELAY, NOTIFY_RETRY_CAP)
         self._finish_timer: asyncio.Task[None] | None = None
         self._finish_error: Exception | None = None
         """Why the last finish of a removal failed; None once it succeeded."""
@@ -122,7 +122,7 @@ class Stopping:
     async def candidates(self) -> set[str]:
         """Steps that may still run and must be stopped, or counted as stopped."""
         ledger = self.ledger
-        candidates = ledger.take_in_flight()
+        candidates = ledger.drain()
         if ledger.loaded and ledger.current is not None:
             return candidates
         # A fresh activation: recount from storage, as the stored progress may lag behind.
@@ -132,16 +132,16 @@ class Stopping:
         earlier: set[str] = set()
         for step in steps:
             if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
-                ledger.stops.add(state, step.id)
+                ledger.count_stop(state, step.id)
                 counting.count(state.progress, step.stage, JobStepStatus.STOPPED)
-                ledger.counted.add(step.id)
+                ledger.settle(step.id)
                 if step.generation < state.execution_generation:
                     earlier.add(step.id)
         stage = ledger.first_open_stage()
         if stage is not None:
             counting.mark_started(state.progress, stage)
             candidates.update(
-                step_id for step_id, _ in pending.get(stage, ()) if step_id not in ledger.counted
+                step_id for step_id, _ in pending.get(stage, ()) if not ledger.is_counted(step_id)
             )
         # A stop stored by an earlier execution counts, once; but the run this execution
         # started for the step may still be live (queued, or waiting for that stop): it is told,
@@ -161,7 +161,7 @@ class Stopping:
     async def _stop_steps(self, *, removing: bool) -> None:
         """Tell workers to stop; count at once every step that is not running anywhere."""
         self._untold |= await self.candidates()
-        self._notify_delay = NOTIFY_RETRY_DELAY
+        self._notify_backoff.reset()
         await self._notify(removing=removing)
         await self.finish_if_settled()
         await self.record.save_progress()
@@ -172,17 +172,13 @@ class Stopping:
         schedules another try."""
         ledger = self.ledger
         state = self.record.state
-        untold = {step_id for step_id in self._untold if step_id not in ledger.counted}
+        untold = {step_id for step_id in self._untold if not ledger.is_counted(step_id)}
         notices = self._notices - self._noticed
         if not untold and not notices:
             self._untold = set()
             self._notices = set()
             return
-        for step_id in untold:  # kept until told: nothing finalizes the stop meanwhile
-            if step_id not in ledger.tracked:
-                ledger.tracked[step_id] = Tracked(
-                    ledger.stage_of.get(step_id, 0), 1, state.execution_generation
-                )
+        ledger.stop(untold, state.execution_generation)  # kept until told
         core = self.core
         try:
             answer = await core.ctx.dispatcher.stop_steps(
@@ -202,7 +198,7 @@ class Stopping:
                 core.id,
                 len(untold | notices),
                 error,
-                self._notify_delay,
+                self._notify_backoff.peek(),
             )
             self._untold = untold
             self._notices = notices
@@ -234,8 +230,8 @@ class Stopping:
         ledger = self.ledger
         status = JobStepStatus.REMOVING if removing else JobStepStatus.STOPPED
         for step_id in idle:
-            ledger.tracked.pop(step_id, None)
-            if step_id in ledger.counted:
+            ledger.forget(step_id)
+            if ledger.is_counted(step_id):
                 continue
             report = stored.get(step_id)
             if report is None:
@@ -247,11 +243,11 @@ class Stopping:
         """Count a step's stop once per execution (`stopped_steps_counted`)."""
         ledger = self.ledger
         state = self.record.state
-        ledger.tracked.pop(step_id, None)
-        if step_id in ledger.counted:
+        ledger.forget(step_id)
+        if ledger.is_counted(step_id):
             return
-        if not ledger.stops.add(state, step_id):
-            ledger.counted.add(step_id)
+        if not ledger.count_stop(state, step_id):
+            ledger.settle(step_id)
             return
         await self.outcomes.count(
             StepReport(
@@ -259,8 +255,8 @@ class Stopping:
                 status=status,
                 generation=state.execution_generation,
                 attempt=1,
-                stage=ledger.stage_of.get(step_id, 0),
-                name=ledger.names.get(step_id, ""),
+                stage=ledger.stage_of(step_id),
+                name=ledger.name_of(step_id),
             )
         )
 
@@ -277,10 +273,10 @@ class Stopping:
     def tell_later(self, step_ids: set[str]) -> None:
         """Steps another operation could not tell to stop: keep them tracked and retry."""
         ledger = self.ledger
-        generation = self.record.state.execution_generation
-        for step_id in step_ids:
-            if step_id not in ledger.tracked and step_id not in ledger.counted:
-                ledger.tracked[step_id] = Tracked(ledger.stage_of.get(step_id, 0), 1, generation)
+        ledger.stop(
+            (step_id for step_id in step_ids if not ledger.is_counted(step_id)),
+            self.record.state.execution_generation,
+        )
         self._untold |= step_ids
         self._retry_notify_later()
 
@@ -288,7 +284,7 @@ class Stopping:
         """Notices taken by a drain whose call failed: none reached a run, so they are sent
         again with the stop notifications (and the stop waits for them meanwhile)."""
         for step_id in step_ids:
-            self.ledger.tracked.pop(step_id, None)
+            self.ledger.forget(step_id)
         self._noticed -= step_ids
         self._notices |= step_ids
         self._retry_notify_later()
@@ -296,8 +292,7 @@ class Stopping:
     def _retry_notify_later(self) -> None:
         if self._notify_timer is not None and not self._notify_timer.done():
             return
-        delay = self._notify_delay
-        self._notify_delay = min(NOTIFY_RETRY_CAP, delay * 2)
+        delay = self._notify_backoff.next()
         generation = self.record.state.execution_generation
         self._notify_timer = self.core.spawn(self._notify_later(delay, generation))
 
@@ -337,7 +332,7 @@ class Stopping:
         state = record.state
         if state.stop_finalized or not state.progress.is_stopped:
             return None
-        if self.ledger.tracked or self._notices:
+        if self.ledger.has_tracked or self._notices:
             return None  # a step may still run, or a live run has not been told yet
         if state.status != JobStatus.REMOVING:
             try:
@@ -358,13 +353,13 @@ class Stopping:
                 "job %s: finishing the removal failed (%s); trying again in %.0f s",
                 self.core.id,
                 error,
-                self._finish_delay,
+                self._finish_backoff.peek(),
             )
             self._finish_error = error
             self._finish_later()
             return error
         self._finish_error = None
-        self._finish_delay = NOTIFY_RETRY_DELAY
+        self._finish_backoff.reset()
         return None
 
     async def _finish_removal(self) -> None:
@@ -378,9 +373,7 @@ class Stopping:
     def _finish_later(self) -> None:
         if self._finish_timer is not None and not self._finish_timer.done():
             return
-        delay = self._finish_delay
-        self._finish_delay = min(NOTIFY_RETRY_CAP, delay * 2)
-        self._finish_timer = self.core.spawn(self._finish_after(delay))
+        self._finish_timer = self.core.spawn(self._finish_after(self._finish_backoff.next()))
 
     async def _finish_after(self, delay: float) -> None:
         """The job retries a failed removal finish itself: no report may come to trigger it."""

@@ -12,6 +12,7 @@ from ..jobs.state import JobKey, JobStepState
 from ..jobs.status import JobStepStatus
 from .messages import Prepared, StartOutcome, StartResult, StepReport, StepStart
 from .ports import StepPeers
+from .retrying import Verdict, decide
 from .run_host import payload_tuple
 
 
@@ -31,12 +32,12 @@ def prepared_record(job_id: str, step_id: str, prepared: Prepared) -> JobStepSta
 
 
 def settled(start: StepStart, state: JobStepState) -> StartResult | None:
-    """The answer to a start of a step whose record says it needs no run, else None."""
+    """The answer to a start of a step whose record says it needs no run, else None. A
+    stored failure runs again only for a start of a later attempt, and never once its job
+    decided it final (a start left over from before that decision)."""
     finished = stored_outcome(state)
     if finished is not None:
-        retry = state.status == JobStepStatus.COMPLETED_WITH_FAILURE and (
-            start.attempt > state.attempt
-        )
+        retry = start.attempt > state.attempt and decide(finished, None).verdict is Verdict.RETRY
         if not retry:
             return StartResult(start.step_id, StartOutcome.COMPLETED, report=finished)
     if state.status == JobStepStatus.FAILED:
@@ -65,20 +66,25 @@ def stored_outcome(
     """The report of a step whose stored record holds its outcome (one of `statuses`), else
     None: a job that never heard it counts it from here."""
     if state.status in statuses:
-        return StepReport(
-            step_id=state.id,
-            status=state.status,
-            generation=state.generation,
-            attempt=state.attempt,
-            stage=state.stage,
-            name=state.name,
-            result=payload_tuple(
-                state.result or (state.error.partial_result if state.error else None)
-            ),
-            error=state.error,
-            non_retryable=bool(state.error and state.error.non_retryable),
-        )
+        return outcome_report(state, state.generation, state.attempt)
     return None
+
+
+def outcome_report(state: JobStepState, generation: int, attempt: int) -> StepReport:
+    """The report of the outcome `state` holds, as run `generation`/`attempt` stored it: the
+    one way a report is made, by the run that wrote it and from a record read back."""
+    error = state.error
+    return StepReport(
+        step_id=state.id,
+        status=state.status,
+        generation=generation,
+        attempt=attempt,
+        stage=state.stage,
+        name=state.name,
+        result=payload_tuple(state.result or (error.partial_result if error else None)),
+        error=error,
+        decision=state.decision,
+    )
 
 
 async def running_elsewhere(

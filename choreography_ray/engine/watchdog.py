@@ -38,7 +38,7 @@ class Moves(Protocol):
 
     def send_again(self, steps: list[tuple[str, int]]) -> None: ...
 
-    def retry(self, report: StepReport) -> None: ...
+    def retry(self, step_id: str, attempt: int, at: datetime | None) -> None: ...
 
     async def advance(self, *, dispatch_failures_fail: bool = True) -> int: ...
 
@@ -90,11 +90,7 @@ class Watchdog:
             if record.released or record.state.status != JobStatus.RUNNING:
                 return 0
             generation = record.state.execution_generation
-            asked = {
-                step_id: (tracked.host, tracked.attempt)
-                for step_id, tracked in ledger.tracked.items()
-                if tracked.since is not None and tracked.since + quiet <= now
-            }
+            asked = ledger.started_before(now - quiet)
         if not asked:
             return 0
         old = list(asked)
@@ -114,7 +110,7 @@ class Watchdog:
             heard: list[StepReport] = []
             restart: list[tuple[str, int]] = []
             for step in steps:
-                tracked = ledger.tracked.get(step.id)
+                tracked = ledger.entry(step.id)
                 if tracked is None or tracked.generation != generation:
                     continue  # counted or sent again meanwhile
                 outcome = stored_outcome(step)
@@ -122,13 +118,13 @@ class Watchdog:
                     heard.append(outcome)
                 elif step.id in unheld and asked[step.id] == (tracked.host, tracked.attempt):
                     restart.append((step.id, tracked.attempt))  # back to the host that answered
-                    ledger.sticky[step.id] = tracked.host
-                    del ledger.tracked[step.id]
+                    ledger.forget(step.id)
+                    ledger.pin({step.id: tracked.host})
                 elif leases and self._lost(step, tracked.since or now, hosts, now):
                     restart.append((step.id, tracked.attempt))
+                    ledger.forget(step.id)
                     if hosts is None or tracked.host in hosts:
-                        ledger.sticky[step.id] = tracked.host
-                    del ledger.tracked[step.id]
+                        ledger.pin({step.id: tracked.host})
             if not heard and not restart:
                 return 0
             if heard:
@@ -142,8 +138,9 @@ class Watchdog:
                     "job %s: %d step(s) whose runs are lost are sent again", core.id, len(restart)
                 )
             for report in heard:
-                if await self.outcomes.handle(report):
-                    self.stages.retry(report)
+                retry = await self.outcomes.handle(report)
+                if retry is not None:
+                    self.stages.retry(report.step_id, report.attempt + 1, retry.at)
             self.stages.send_again(restart)
             self.recovered_reports += len(heard)
             self.restarted += len(restart)

@@ -20,9 +20,9 @@ from typing import Any
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeKind, TypeRegistry
+from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
-from .backoff import Backoff
 from .clock import Clock
 from .messages import (
     SettledStops,

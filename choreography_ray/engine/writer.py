@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..jobs.errors import StorageUnavailableError, VersionConflictError
+from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
-from .backoff import Backoff
 from .clock import Clock
 
 log = logging.getLogger("choreography_ray.engine")

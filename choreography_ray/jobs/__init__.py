@@ -15,6 +15,7 @@ from .job import (
 )
 from .options import JobsOptions, parse_duration
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
+from .retry import RetryPolicy
 from .state import (
     DEFAULT_NAMESPACE,
     DEFAULT_SCOPE,
@@ -60,6 +61,7 @@ __all__ = [
     "StepRequest",
     # options
     "JobsOptions",
+    "RetryPolicy",
     "parse_duration",
     # registry
     "Payload",

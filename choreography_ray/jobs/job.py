@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from .errors import TypeRegistryError
 from .registry import TypeKind, TypeRegistry, default_registry
+from .retry import RetryPolicy, check_policy
 from .state import JobKey, JobProgress, StepError
 from .status import JobStatus, JobStepStatus
 from .step import JobStep, _generic_args, _model
@@ -141,7 +142,11 @@ class Job(Generic[TRequest]):
     max_active_steps: ClassVar[int | None] = None
     """A sliding window of active steps; None uses the options (off by default)."""
     max_step_attempts: ClassVar[int | None] = None
-    """Attempts per step; None uses `JobsOptions.max_step_attempts` (1)."""
+    """Attempts per step; None uses `JobsOptions.max_step_attempts` (1). A shorthand for a
+    `retry_policy` with the options' backoff."""
+    retry_policy: ClassVar[RetryPolicy | None] = None
+    """How the job's steps' failures are retried, unless a step class sets its own; None uses
+    the options (`max_step_attempts`, `step_retry_backoff`, `max_step_retry_backoff`)."""
     can_resume: ClassVar[bool] = True
 
     info: JobInfo
@@ -161,6 +166,7 @@ class Job(Generic[TRequest]):
         cls.request_type = _model(args[0], "request", cls)
         cls.registry.register(cls.request_type, kind=TypeKind.REQUEST)
         cls.registry.register(cls, kind=TypeKind.JOB, name=cls.name)
+        check_policy(cls)
 
     # -- planning ---------------------------------------------------------------------------
 

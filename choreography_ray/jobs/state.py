@@ -270,6 +270,26 @@ class StepError(_Model):
     cancelled: bool = False
     non_retryable: bool = False
     """The step said no retry could help (`StepFailed(non_retryable=True)`)."""
+    error_type: str = ""
+    """The exception's type as `module.QualName` (a builtin's bare name), which a retry
+    policy's `non_retryable_error_types` names; empty for a stop and in older records."""
+    retry_after: float | None = None
+    """Seconds the step asked to wait before its next attempt (`StepFailed(retry_after=...)`),
+    instead of its retry policy's backoff."""
+
+
+class StepDecision(_Model):
+    """What the job decided for a failed attempt, stored with it: a recovery reads it instead
+    of deciding again (the job's `should_retry_step` is author code, free to answer otherwise
+    the second time), and waits for the same retry time."""
+
+    attempt: int
+    """The attempt it was decided for: a record whose attempt moved on holds a newer outcome."""
+    retry: bool
+    retry_at: datetime | None = None
+    """When the next attempt is due (set when `retry`)."""
+
+    _utc = field_validator("retry_at")(classmethod(lambda cls, v: None if v is None else utc(v)))
 
 
 class JobStepState(_Model):
@@ -291,6 +311,9 @@ class JobStepState(_Model):
     """The step's own state (its checkpoint), built from the request when prepared."""
     result: Payload | None = None
     error: StepError | None = None
+    decision: StepDecision | None = None
+    """The job's decision on the stored failed attempt; None for any other outcome, and in
+    records of earlier releases (decided then as they were)."""
     version: int = 0
 
     @classmethod
@@ -316,5 +339,6 @@ class JobStepState(_Model):
             state=state,
             result=None,
             error=None,
+            decision=None,
             version=0,
         )

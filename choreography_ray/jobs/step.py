@@ -11,13 +11,14 @@ import inspect
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, RootModel
 
 from .errors import ChoreographyError, TypeRegistryError
 from .registry import TypeKind, TypeRegistry, default_registry
+from .retry import RetryPolicy, check_policy, duration_seconds
 
 TRequest = TypeVar("TRequest", bound=BaseModel)
 TState = TypeVar("TState", bound=BaseModel)
@@ -35,7 +36,10 @@ class StepRequest(BaseModel):
 class StepFailed(ChoreographyError):
     """Raise from `perform` to fail the step with messages and, optionally, a partial result.
 
-    `non_retryable` fails the step at once whatever attempts are left.
+    `non_retryable` fails the step at once whatever attempts are left. `retry_after` (a
+    `timedelta` or seconds) is how long to wait before the next attempt, if the retry policy
+    leaves one: it wins over the policy's backoff for this failure (a rate limit that says
+    when to come back, say).
     """
 
     def __init__(
@@ -43,11 +47,15 @@ class StepFailed(ChoreographyError):
         *messages: str,
         partial_result: Any = None,
         non_retryable: bool = False,
+        retry_after: timedelta | float | None = None,
     ) -> None:
         super().__init__("; ".join(messages) or "step failed")
         self.messages = list(messages) or ["step failed"]
         self.partial_result = partial_result
         self.non_retryable = non_retryable
+        self.retry_after: float | None = None
+        if retry_after is not None:
+            self.retry_after = duration_seconds("StepFailed.retry_after", retry_after)
 
 
 class StepContext(ABC):
@@ -124,6 +132,9 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
     resources: ClassVar[dict[str, float]] = {}
     """Ray resources a synchronous `perform` needs (e.g. {"num_cpus": 1}); async steps run on
     the worker host's event loop and take none."""
+    retry_policy: ClassVar[RetryPolicy | None] = None
+    """How this step's failures are retried; None leaves it to the job class, then the
+    options. Wins whole over theirs (see `RetryPolicy`)."""
 
     def __init_subclass__(
         cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
@@ -154,6 +165,7 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
             cls.result_is_root = True
             cls.registry.register(root, kind=TypeKind.RESULT, name=f"{cls.name}:result")
         cls.registry.register(cls, kind=TypeKind.STEP, name=cls.name)
+        check_policy(cls)
 
     @abstractmethod
     def initialize_state(self, request: TRequest) -> TState:

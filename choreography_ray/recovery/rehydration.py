@@ -28,6 +28,7 @@ from ..jobs.errors import (
     UnknownTypeError,
 )
 from ..jobs.registry import TypeKind
+from ..jobs.retry import Backoff
 from ..jobs.state import JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, STOP_STATUSES, JobStatus
 
@@ -200,10 +201,12 @@ class Rehydration:
     async def _recover_with_backoff(self, job_id: str) -> None:
         """Attempts backing off from `step_delivery_retry_delay`, until the job runs again."""
         options = self.ctx.options
-        delay = options.step_delivery_retry_delay.total_seconds()
+        backoff = Backoff.between(
+            options.step_delivery_retry_delay, options.max_step_delivery_retry_delay
+        )
         try:
             for _ in range(options.step_delivery_max_attempts):
-                await self.ctx.clock.sleep(delay)
+                await self.ctx.clock.sleep(backoff.next())
                 if self.manager.closed or self.manager.live(job_id) is not None:
                     return
                 try:
@@ -221,7 +224,6 @@ class Rehydration:
                     log.warning(
                         "job %s: recovery after a storage failure failed: %s", job_id, error
                     )
-                delay = min(options.max_step_delivery_retry_delay.total_seconds(), delay * 2)
             log.warning(
                 "job %s: gave up recovering it after a storage failure; rehydration or a "
                 "restart will pick it up",

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 from ..engine.clock import Clock
+from ..jobs.retry import Backoff
 
 log = logging.getLogger("choreography_ray.recovery")
 
@@ -76,7 +77,8 @@ class Retries(Generic[K]):
         chain.add_done_callback(lambda _: self._chains.pop(key, None))
 
     async def _chain(self, key: K) -> None:
-        delay = self.first
+        backoff = Backoff(self.first, self.longest)
+        delay = backoff.next()
         while True:
             await self.clock.sleep(delay)
             if key not in self._failing:
@@ -84,7 +86,7 @@ class Retries(Generic[K]):
             try:
                 await self._attempt(key)
             except Exception as error:
-                delay = min(self.longest, delay * 2)
+                delay = backoff.next()
                 log.warning("%s %s failed again, retrying in %gs: %s", self.what, key, delay, error)
                 continue
             self._failing.discard(key)

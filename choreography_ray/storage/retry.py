@@ -10,20 +10,16 @@ a few retries unreadable.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from ..jobs.errors import StorageUnavailableError
+from ..jobs.retry import Backoff
 
 log = logging.getLogger("choreography_ray.storage")
 
@@ -47,6 +43,7 @@ class TransientRetry:
         self.attempts = attempts
         self.base_delay = base_delay.total_seconds()
         self.max_delay = max_delay.total_seconds()
+        self.backoff = Backoff.between(base_delay, max_delay)
         self.sleep = sleep
         self.what = what
 
@@ -69,9 +66,7 @@ class TransientRetry:
         retrying = Retrying(
             retry=retry_if_exception(self.is_transient),
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(
-                multiplier=self.base_delay, max=self.max_delay, jitter=self.base_delay
-            ),
+            wait=self._wait,
             sleep=self.sleep,
             before_sleep=self._log,
             reraise=False,
@@ -87,6 +82,12 @@ class TransientRetry:
                     f"last: {type(cause).__name__}: {one_line(cause)}"
                 ) from cause
             raise
+
+    def _wait(self, state: RetryCallState) -> float:
+        """The package's backoff, with up to one base delay of jitter on top (never above the
+        cap), so that clients that failed together do not all try again together."""
+        delay = self.backoff.nth(state.attempt_number) + random.uniform(0, self.base_delay)
+        return min(self.max_delay, delay)
 
     def _log(self, state: RetryCallState) -> None:
         outcome = state.outcome

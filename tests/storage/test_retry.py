@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 
@@ -58,3 +59,22 @@ def test_a_dead_postgres_gives_one_line_per_retry_and_one_line_at_the_end(run, c
     assert len(records) == 2
     assert all("\n" not in record.getMessage() for record in records)
     assert "\n" not in str(raised.value)
+
+
+def test_transient_retries_wait_the_package_backoff_with_at_most_one_base_of_jitter():
+    """Waits double from the base delay up to the cap, as every retry loop of the package
+    does (`jobs.retry.Backoff`), with up to one base delay of jitter added, never above the
+    cap."""
+    waits: list[float] = []
+    retry = TransientRetry(
+        lambda error: True,
+        attempts=7,
+        base_delay=timedelta(seconds=1),
+        max_delay=timedelta(seconds=10),
+        sleep=waits.append,
+    )
+    with pytest.raises(StorageUnavailableError):
+        retry.call(_always_failing)
+    assert len(waits) == 6
+    for wait, low in zip(waits, [1, 2, 4, 8, 10, 10], strict=True):
+        assert low <= wait <= min(10, low + 1)

@@ -1,0 +1,247 @@
+"""One decision per failed attempt: made once, stored with the outcome, and the same live, on
+resume, in the worker and in the recount; the retry policy that decides it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from choreography_ray.engine.messages import (
+    StartOutcome,
+    StepReport,
+    StepStart,
+    pack_reports,
+    unpack_reports,
+)
+from choreography_ray.engine.stored_steps import settled
+from choreography_ray.jobs import InvalidOptionError, JobStatus, JobStepStatus, RetryPolicy
+from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
+from choreography_ray.jobs.step import StepContext, StepFailed
+
+from . import fixtures
+from .fixtures import (
+    KeyRequest,
+    KeyResult,
+    KeyState,
+    KeyStep,
+    RetryingJob,
+    ScenarioJob,
+    request,
+)
+
+
+def test_a_resumed_job_waits_out_the_stored_failure_s_backoff(run, cluster, script):
+    """A failed attempt whose retry was due in 1 s when the controller crashed is tried
+    again 1 s after it failed, not at once when the job is recovered."""
+    script.behaviour["a"].fail_times = 1
+
+    async def scenario():
+        result = await cluster.start(RetryingJob, request("a"))
+        await cluster.settle()
+        await cluster.crash()
+        await cluster.manager().resume(result.job_id)
+        await cluster.settle()
+        at_once = list(script.runs)
+        await cluster.advance(1)
+        return at_once, await cluster.wait(result.job_id)
+
+    at_once, state = run(scenario())
+    assert at_once == [("a", 1)]
+    assert script.runs == [("a", 1), ("a", 2)]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_a_recovery_keeps_the_live_decision_to_retry_whatever_the_hook_says_later(
+    run, cluster, script
+):
+    """The job's `should_retry_step` said retry; after a crash it would say no. The stored
+    decision stands: the step is tried again, as the live run decided."""
+    script.behaviour["a"].fail_times = 1
+
+    async def scenario():
+        result = await cluster.start(RetryingJob, request("a"))
+        await cluster.settle()
+        [stored] = await cluster.storage().steps.get_for_job(result.job_id)
+        await cluster.crash()
+        script.retry = False
+        await cluster.manager().resume(result.job_id)
+        await cluster.advance(1)
+        return stored, await cluster.wait(result.job_id)
+
+    stored, state = run(scenario())
+    assert stored.decision is not None and stored.decision.retry
+    assert (stored.decision.attempt, stored.decision.retry_at) == (
+        1,
+        stored.status_changes[-1].occurred + timedelta(seconds=1),
+    )
+    assert script.runs == [("a", 1), ("a", 2)]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_a_recovery_keeps_the_live_decision_that_a_failure_is_final(run, cluster, script):
+    """The hook said no retry; after a crash it would say yes. The failure stays final."""
+    script.behaviour["a"].fail = True
+    script.behaviour["b"].block = True
+    script.retry = False
+
+    async def scenario():
+        result = await cluster.start(RetryingJob, request("a", "b"))
+        await cluster.settle()
+        await cluster.crash()
+        script.retry = True
+        script.behaviour["b"].block = False
+        await cluster.manager().resume(result.job_id)
+        await cluster.advance(60)
+        return await cluster.wait(result.job_id)
+
+    state = run(scenario())
+    assert script.ran("a") == 1
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 1
+
+
+def test_a_worker_answers_a_late_retry_start_of_a_failure_decided_final_with_its_outcome():
+
+    failed = JobStepState(
+        id="s",
+        job_id="j",
+        type="t",
+        status=JobStepStatus.COMPLETED_WITH_FAILURE,
+        attempt=1,
+        error=StepError(messages=["no"]),
+    )
+    retry_start = StepStart("s", generation=0, attempt=2)
+    assert settled(retry_start, failed) is None  # undecided: the job's later start is its retry
+    final = failed.model_copy(update={"decision": StepDecision(attempt=1, retry=False)})
+    answer = settled(retry_start, final)
+    assert answer is not None and answer.outcome == StartOutcome.COMPLETED
+    assert answer.report is not None and answer.report.decision == final.decision
+    again = failed.model_copy(update={"decision": StepDecision(attempt=1, retry=True)})
+    assert settled(retry_start, again) is None
+    assert settled(StepStart("s", generation=0, attempt=1), again) is not None  # a resend
+
+
+# -- the policy -----------------------------------------------------------------------------------
+
+
+class PatientJob(ScenarioJob, name="tests.decisions.patient-job"):
+    retry_policy = RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attempts=2)
+
+
+class StubbornStep(KeyStep, name="tests.decisions.stubborn-step"):
+    retry_policy = RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_attempts=3,
+        non_retryable_error_types=(PermissionError,),
+    )
+
+    async def perform(self, state: KeyState, ctx: StepContext) -> KeyResult:
+        fixtures.SCRIPT.runs.append((state.key, ctx.attempt))
+        if state.key.startswith("denied"):
+            raise PermissionError("denied")
+        if state.key.startswith("later") and ctx.attempt == 1:
+            raise StepFailed("come back later", retry_after=timedelta(seconds=7))
+        if ctx.attempt == 1:
+            raise ValueError("flaky")
+        return KeyResult(key=state.key)
+
+
+class StubbornJob(ScenarioJob, name="tests.decisions.stubborn-job"):
+    """One attempt by the options; its steps' class allows three."""
+
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [self.create_step(StubbornStep, KeyRequest(key=key)) for key in request.keys]
+
+
+def _runs_at(script, cluster, job_type, keys, times):
+    async def scenario():
+        result = await cluster.start(job_type, request(*keys))
+        await cluster.settle()
+        seen = [list(script.runs)]
+        for seconds in times:
+            await cluster.advance(seconds)
+            seen.append(list(script.runs))
+        return seen, await cluster.wait(result.job_id)
+
+    return scenario()
+
+
+def test_the_job_class_policy_replaces_the_options(run, cluster, script):
+    script.behaviour["a"].fail_times = 1
+    seen, state = run(_runs_at(script, cluster, PatientJob, ["a"], [4, 1]))
+    assert seen == [[("a", 1)], [("a", 1)], [("a", 1), ("a", 2)]]  # 5 s, not the options' 1 s
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_the_step_class_policy_wins_over_the_job_s_and_names_what_is_never_retried(
+    run, cluster, script
+):
+    seen, state = run(_runs_at(script, cluster, StubbornJob, ["flaky", "denied"], [1, 1]))
+    assert seen[1] == [("flaky", 1), ("denied", 1)]  # the step's 2 s, not the options' 1 s
+    assert seen[2] == [("flaky", 1), ("denied", 1), ("flaky", 2)]
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 1  # PermissionError: never retried
+    steps = {s.name or s.id: s for s in run(cluster.storage().steps.get_for_job(state.id))}
+    errors = [s.error for s in steps.values() if s.error is not None]
+    assert [e.error_type for e in errors] == ["PermissionError"]
+
+
+def test_the_error_s_retry_after_wins_over_the_policy_s_backoff(run, cluster, script):
+    seen, state = run(_runs_at(script, cluster, StubbornJob, ["later"], [6, 1]))
+    assert seen == [[("later", 1)], [("later", 1)], [("later", 1), ("later", 2)]]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_a_class_s_retry_policy_must_be_a_retry_policy():
+
+    try:
+
+        class Wrong(ScenarioJob, name="tests.decisions.wrong-job"):
+            retry_policy = 3  # type: ignore[assignment]
+
+    except InvalidOptionError as error:
+        assert error.setting.endswith("Wrong.retry_policy")
+        assert "expected a RetryPolicy" in str(error)
+    else:
+        raise AssertionError("a retry policy that is not one was accepted")
+
+
+def test_retry_after_must_be_a_duration():
+
+    try:
+        StepFailed("x", retry_after="soon")  # type: ignore[arg-type]
+    except InvalidOptionError as error:
+        assert error.setting == "StepFailed.retry_after"
+    else:
+        raise AssertionError("a retry_after that is no duration was accepted")
+    assert StepFailed("x", retry_after=timedelta(seconds=3)).retry_after == 3.0
+
+
+# -- records and messages -------------------------------------------------------------------------
+
+
+def test_a_record_of_an_earlier_release_reads_without_a_decision():
+
+    old = JobStepState.model_validate_json(
+        '{"id": "s", "job_id": "j", "type": "t", "status": 7, "attempt": 2,'
+        ' "error": {"messages": ["no"], "non_retryable": false}}'
+    )
+    assert old.decision is None and old.error is not None and old.error.error_type == ""
+
+
+def test_a_decision_crosses_hosts_and_an_older_host_s_flag_is_no_decision():
+
+    decided = StepReport(
+        "s",
+        JobStepStatus.COMPLETED_WITH_FAILURE,
+        1,
+        2,
+        error=StepError(messages=["no"], non_retryable=True),
+        decision=StepDecision(attempt=2, retry=False),
+    )
+    fresh = decided._replace(decision=None)
+    assert unpack_reports(pack_reports([decided, fresh])) == [decided, fresh]
+    assert pack_reports([fresh])[0][-1] is True  # what an older release reads there
+    older = (*pack_reports([fresh])[0][:-1], True)
+    [read] = unpack_reports([older])
+    assert read.decision is None and read.error is not None and read.error.non_retryable
