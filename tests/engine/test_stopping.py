@@ -437,6 +437,70 @@ def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run
     assert stored.status == JobStatus.RUNNING and not stored.pending_drain
 
 
+def test_a_stop_whose_write_fails_answers_could_not_persist_stop_and_leaves_the_job_running(
+    run, script
+):
+    """The recovery seed: `Job.Stop` answers CouldNotPersistStop when the stop could not be
+    written, and leaves the job as it was: its step runs on and the job completes."""
+    faults = WriteFaults()
+    cluster = InProcessCluster(wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            faults.fail_at = {faults.writes + 1}
+            with pytest.raises(StopJobFailed) as refused:
+                await cluster.manager().stop(result.job_id)
+            stored = await cluster.storage().jobs.get(result.job_id)
+            script.release("a")
+            return refused.value.code, stored, await cluster.wait(result.job_id)
+
+    code, stored, done = run(scenario())
+    assert code == StopJobError.COULD_NOT_PERSIST_STOP
+    assert stored.status == JobStatus.RUNNING and not stored.stop_finalized
+    assert done.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert script.hooks.count("on_stopped") == 0
+
+
+def test_a_removal_whose_write_fails_leaves_the_job_as_it_was_and_a_second_removal_works(
+    run, script
+):
+    """A failed Removing write is answered with RemoveJobError.UNKNOWN and leaves the job as
+    a failed stop write does: storage still says Running, the activation lets go of its
+    copy, and a second `remove()` writes Removing, stops the step and clears the job (it is
+    not answered JOB_IS_ALREADY_BEING_REMOVED, and the step does not run to completion)."""
+    faults = WriteFaults()
+    cluster = InProcessCluster(wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            first = cluster.manager().activation(result.job_id)
+            faults.fail_at = {faults.writes + 1}
+            with pytest.raises(RemoveJobFailed) as refused:
+                await cluster.manager().remove(result.job_id)
+            stored = await cluster.storage().jobs.get(result.job_id)
+            let_go = first.released and first.state.status == JobStatus.RUNNING
+            await cluster.manager().remove(result.job_id)  # no error: it is written now
+            await cluster.settle()
+            cleared = await cluster.storage().jobs.find(result.job_id)
+            steps = await cluster.storage().steps.count_for_job(result.job_id)
+            return refused.value.code, stored, let_go, cleared, steps
+
+    code, stored, let_go, cleared, steps = run(scenario())
+    assert code == RemoveJobError.UNKNOWN
+    assert stored.status == JobStatus.RUNNING
+    assert let_go
+    assert cleared is None and steps == 0
+    # the step was stopped as the job was removed, not left to complete
+    assert [outcome.status for outcome in script.outcomes] == [JobStepStatus.REMOVING]
+    assert script.hooks.count("on_stopped") == 1
+
+
 def test_the_pending_drain_survives_the_jobs_controller(run, cluster, script, slow):
     """The controller goes away mid-drain: the job's next activation completes the drain."""
 
