@@ -8,6 +8,12 @@ from typing import Any
 
 import pytest
 
+from choreography_ray.engine.clock import FakeClock
+from choreography_ray.jobs import JobKey
+from choreography_ray.recovery.keys import KeyCatalog
+from choreography_ray.recovery.retries import Partitions
+from choreography_ray.runtime import membership
+from choreography_ray.runtime.config import ClusterConfig
 from choreography_ray.runtime.constants import controller_name, host_node, worker_name
 from choreography_ray.runtime.membership import ControllerParticipant
 
@@ -48,3 +54,48 @@ def test_lost_hosts_leave_the_routing_table_before_the_steps_are_sent_again(run:
     gone = worker_name("dead")
     run(participant.hosts_lost({gone}))
     assert host.calls == [f"forget {gone}", f"lost ['{gone}']"]
+
+
+class _Recovery:
+    def __init__(self, partitions: Partitions[JobKey]) -> None:
+        self.partitions = partitions
+
+
+class _RecoveringHost:
+    name = "choreography:controller:me"
+    namespace = "test"
+
+    def __init__(self, partitions: Partitions[JobKey], managers: list[JobKey]) -> None:
+        self.recovery = _Recovery(partitions)
+        self.managers = dict.fromkeys(managers)
+
+
+def test_a_membership_pass_rehydrates_the_partitions_already_known_again(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something died: the jobs of a partition rehydrated long ago may have lost their live
+    activation with it, so the pass rehydrates known partitions too, not only new ones (the
+    start-up pass skips them). The catalog's, the configuration's and the served ones."""
+    served, configured, found = JobKey(scope="served"), JobKey(scope="conf"), JobKey(scope="new")
+    monkeypatch.setattr(
+        membership,
+        "cluster_config",
+        lambda namespace: ClusterConfig(storage="x", keys=[configured]),
+    )
+
+    async def scenario() -> list[JobKey]:
+        attempts: list[JobKey] = []
+
+        async def rehydrate(key: JobKey) -> None:
+            attempts.append(key)
+
+        partitions = Partitions(rehydrate, FakeClock(), what="test")
+        await partitions.recover([served, configured])  # the host's start: both known now
+        attempts.clear()
+        host = _RecoveringHost(partitions, [served])
+        participant = ControllerParticipant(host, object, cluster=None)  # type: ignore[arg-type]
+        await participant.rehydrate(KeyCatalog((found,)))
+        partitions.close()
+        return attempts
+
+    assert sorted(run(scenario()), key=lambda k: k.scope) == [configured, found, served]
