@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
@@ -34,12 +34,15 @@ class Outbox:
         options: JobsOptions,
         clock: Clock,
         closed: Callable[[], bool],
+        delivered: Callable[[JobKey, str, list[StepReport]], Awaitable[None]] | None = None,
     ) -> None:
-        """`closed` says whether the worker shuts down: delivery then stops retrying."""
+        """`closed` says whether the worker shuts down: delivery then stops retrying.
+        `delivered` is told of every batch its job accepted."""
         self.reporter = reporter
         self.options = options
         self.clock = clock
         self._closed = closed
+        self._delivered = delivered
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -88,7 +91,6 @@ class Outbox:
             attempt += 1
             try:
                 await self.reporter.report(key, job_id, reports)
-                return
             except Exception as error:
                 if attempt == limit:
                     log.warning(
@@ -106,3 +108,7 @@ class Outbox:
                 finally:
                     self._backing_off -= 1
                 delay = min(cap, delay * 2)
+            else:
+                if self._delivered is not None:
+                    await self._delivered(key, job_id, reports)
+                return

@@ -21,6 +21,7 @@ from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJo
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeKind, TypeRegistry
 from ..jobs.state import JobKey, JobStepState
+from ..jobs.status import JobStepStatus
 from ..storage.protocols import JobsStorage
 from .backoff import Backoff
 from .clock import Clock
@@ -91,7 +92,7 @@ class StepWorker:
             on_stale=self._stale,
             on_free=self._writers_free,
         )
-        self.outbox = Outbox(reporter, options, clock, lambda: self.closed)
+        self.outbox = Outbox(reporter, options, clock, lambda: self.closed, self._delivered)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
         self.closed = False
@@ -425,6 +426,20 @@ class StepWorker:
     def enqueue_report(self, key: RunKey, report: StepReport) -> None:
         """A run's durable outcome, for its job."""
         self.outbox.put(key.job_key, key.job_id, report)
+
+    async def _delivered(self, job_key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+        """The job accepted these reports: a step being removed deletes its own record now
+        that its job stored its stop (the recovery seed). Until then the record stays and the
+        stop is reported again; the job deletes whatever is left once it is cleared."""
+        removed = [r.step_id for r in reports if r.status == JobStepStatus.REMOVING]
+        if not removed:
+            return
+        steps = self.storage_for(job_key).steps
+        for step_id in removed:
+            try:
+                await steps.remove(job_id, step_id)
+            except Exception as error:  # the job's clearing deletes it
+                log.warning("step %s of job %s kept its record: %s", step_id, job_id, error)
 
     # -- shutting down --------------------------------------------------------------------
 

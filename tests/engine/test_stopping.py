@@ -31,7 +31,7 @@ from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 from choreography_ray.testing import InProcessCluster
 from choreography_ray.testing.faults import WriteFaults
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, WindowJob, request
+from .fixtures import KeyRequest, KeyResult, KeyState, KeyStep, ScenarioJob, WindowJob, request
 
 
 class Slow:
@@ -806,6 +806,88 @@ def test_the_jobs_finish_timer_doubles_to_sixty_seconds_past_the_delivery_attemp
     cleared = run(scenario())
     gaps = [b - a for a, b in itertools.pairwise(tries)]
     assert gaps == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert cleared is None
+
+
+class MixedJob(ScenarioJob, name="tests.stopping.mixed-job"):
+    """A step that stops at once ("a") and one slow to stop ("slow")."""
+
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [
+            self.create_step(KeyStep, KeyRequest(key="a"), name="a"),
+            self.create_step(SlowToStopStep, KeyRequest(key="slow"), name="slow"),
+        ]
+
+
+def test_a_step_being_removed_deletes_its_own_record_once_the_job_stored_its_stop(
+    run, cluster, script, slow
+):
+    """The recovery seed: a removed step deletes its own record once the job has accepted
+    (stored) its stop, without waiting for the job to be cleared; the job, still waiting for
+    its slow step, keeps that one's record."""
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(MixedJob, request())
+        await cluster.settle()
+        await cluster.manager().remove(result.job_id)
+        await cluster.settle()
+        job = await cluster.storage().jobs.get(result.job_id)
+        left = await cluster.storage().steps.get_for_job(result.job_id)
+        slow.finish.set()
+        await cluster.settle()
+        cleared = await cluster.storage().jobs.find(result.job_id)
+        return job, left, cleared, await cluster.storage().steps.count_for_job(result.job_id)
+
+    job, left, cleared, steps = run(scenario())
+    assert job.status == JobStatus.REMOVING and job.progress.stopped_steps == 1
+    assert [step.name for step in left] == ["slow"]
+    assert cleared is None and steps == 0
+
+
+class FailingJobSave(WriteFaults):
+    """Job storage whose next save fails once `armed`."""
+
+    armed = False
+
+    def _check(self, what: str) -> None:
+        if what == "jobs.save" and self.armed:
+            self.armed = False
+            self.writes += 1
+            raise StorageUnavailableError("injected failure: saving the job")
+        super()._check(what)
+
+
+def test_a_removal_report_the_job_could_not_store_is_answered_with_an_error_and_sent_again(
+    run, script, slow, monkeypatch
+):
+    """The job counts a removed step's stop but cannot write it: the step is answered with
+    an error, so it keeps its record and reports again (to the job's next activation), and
+    deletes its record only once that report is stored."""
+    faults = FailingJobSave()
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            answers = answered_reports(cluster, monkeypatch)
+            result = await cluster.start(MixedJob, request())
+            await cluster.settle()
+            await cluster.manager().remove(result.job_id)
+            faults.armed = True
+            await cluster.settle()
+            kept = sorted(s.name for s in await cluster.storage().steps.get_for_job(result.job_id))
+            first = list(answers)
+            await cluster.advance(1)  # the step's next report
+            left = [s.name for s in await cluster.storage().steps.get_for_job(result.job_id)]
+            slow.finish.set()
+            await cluster.settle()
+            return first, kept, left, await cluster.storage().jobs.find(result.job_id)
+
+    first, kept, left, cleared = run(scenario())
+    assert first == [(0.0, RemoveJobError.UNKNOWN)]
+    assert kept == ["a", "slow"]
+    assert left == ["slow"]
     assert cleared is None
 
 
