@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
 from ..jobs.status import JobStepStatus
+from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import StepReport
 from .ports import JobReporter
@@ -34,15 +35,15 @@ class Outbox:
         options: JobsOptions,
         clock: Clock,
         closed: Callable[[], bool],
-        delivered: Callable[[JobKey, str, list[StepReport]], Awaitable[None]] | None = None,
+        storage_for: Callable[[JobKey], JobsStorage] | None = None,
     ) -> None:
         """`closed` says whether the worker shuts down: delivery then stops retrying.
-        `delivered` is told of every batch its job accepted."""
+        `storage_for` gives the step storage where a removed step's record is deleted."""
         self.reporter = reporter
         self.options = options
         self.clock = clock
         self._closed = closed
-        self._delivered = delivered
+        self._storage_for = storage_for
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -109,6 +110,19 @@ class Outbox:
                     self._backing_off -= 1
                 delay = min(cap, delay * 2)
             else:
-                if self._delivered is not None:
-                    await self._delivered(key, job_id, reports)
+                await self._delivered(key, job_id, reports)
                 return
+
+    async def _delivered(self, job_key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+        """The job accepted these reports: a step being removed deletes its own record now
+        that its job stored its stop (the recovery seed). Until then the record stays and the
+        stop is reported again; the job deletes whatever is left once it is cleared."""
+        removed = [r.step_id for r in reports if r.status == JobStepStatus.REMOVING]
+        if not removed or self._storage_for is None:
+            return
+        steps = self._storage_for(job_key).steps
+        for step_id in removed:
+            try:
+                await steps.remove(job_id, step_id)
+            except Exception as error:  # the job's clearing deletes it
+                log.warning("step %s of job %s kept its record: %s", step_id, job_id, error)

@@ -144,6 +144,16 @@ class StepRun(StepContext):
         if now - lease.heartbeat >= timeout / 3:
             self._set(lease=lease.model_copy(update={"heartbeat": now}))
 
+    def called_back(self, kind: str, value: Any) -> bool:
+        """A call from this run's work running elsewhere (a Ray task), on the loop: a
+        checkpoint or progress, applied at once, or only whether the run was asked to stop."""
+        self._check_open()
+        if kind == "checkpoint":
+            self._checkpoint(value)
+        elif kind == "progress":
+            self._progress(*value)
+        return self.cancelled
+
     def progress(self, percentage: float, message: str = "") -> None:
         self.worker.call_soon(self._progress, percentage, message)
 

@@ -117,6 +117,23 @@ class RunHost(Protocol):
         """The run has ended: forget it."""
 
 
+def call_on(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., None], *args: Any) -> None:
+    """Call `fn` on `loop`: at once from that loop (or before there is one), else from another
+    thread (a synchronous step's), waiting for it to run there."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or running is loop:
+        fn(*args)
+        return
+    asyncio.run_coroutine_threadsafe(_call(fn, *args), loop).result()
+
+
+async def _call(fn: Callable[..., None], *args: Any) -> None:
+    fn(*args)
+
+
 def payload_tuple(payload: Payload | None) -> tuple[str, Any] | None:
     """A payload as (type name, JSON data): how results travel in reports."""
     return None if payload is None else (payload.type, payload.data)
