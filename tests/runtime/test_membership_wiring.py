@@ -1,6 +1,7 @@
-"""The membership watch's Ray side, without Ray: host names read back into node ids, and a
-controller host told of lost hosts drops them from its routing table before its jobs send
-their steps again."""
+"""The membership watch's and recovery's Ray side, without Ray: host names read back into node
+ids, a controller host told of lost hosts drops them from its routing table before its jobs
+send their steps again, a membership pass rehydrates known partitions again, and what a
+retried key source finds is recovered."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.engine.clock import FakeClock
-from choreography_ray.jobs import JobKey
+from choreography_ray.engine.clock import FakeClock, settle
+from choreography_ray.jobs import JobKey, JobsOptions
+from choreography_ray.recovery import keys
 from choreography_ray.recovery.keys import KeyCatalog
 from choreography_ray.recovery.retries import Partitions
 from choreography_ray.runtime import membership
 from choreography_ray.runtime.config import ClusterConfig
 from choreography_ray.runtime.constants import controller_name, host_node, worker_name
+from choreography_ray.runtime.controller_recovery import ControllerRecovery
 from choreography_ray.runtime.membership import ControllerParticipant
 
 
@@ -99,3 +102,62 @@ def test_a_membership_pass_rehydrates_the_partitions_already_known_again(
         return attempts
 
     assert sorted(run(scenario()), key=lambda k: k.scope) == [configured, found, served]
+
+
+class _Manager:
+    def __init__(self, key: JobKey, rehydrated: list[JobKey]) -> None:
+        self.key = key
+        self.rehydrated = rehydrated
+
+    async def rehydrate(self) -> None:
+        self.rehydrated.append(self.key)
+
+
+class _Storage:
+    """A storage catalog that fails its first listing."""
+
+    def __init__(self, key: JobKey) -> None:
+        self.key = key
+        self.calls = 0
+
+    async def keys_with_jobs(self, statuses: Any) -> list[JobKey]:
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("database is down")
+        return [self.key]
+
+
+class _StartingHost:
+    name = "choreography:controller:me"
+
+    def __init__(self, storage: _Storage) -> None:
+        self.clock = FakeClock()
+        self.provider = storage
+        self.options = JobsOptions()
+        self.rehydrated: list[JobKey] = []
+
+    def manager(self, key: JobKey) -> _Manager:
+        return _Manager(key, self.rehydrated)
+
+
+def test_partitions_a_failed_key_source_finds_on_its_retry_are_recovered(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key source that failed at the host's start is asked again after 1 s on its own, and
+    the partitions it names then are rehydrated, with no membership change or sweep."""
+    monkeypatch.setattr(keys, "registered_providers", list)
+    partition = JobKey(scope="late")
+    host = _StartingHost(_Storage(partition))
+
+    async def scenario() -> tuple[list[JobKey], list[JobKey]]:
+        recovery = ControllerRecovery(host)  # type: ignore[arg-type]
+        await recovery.recover([])
+        await settle()
+        before = list(host.rehydrated)
+        await host.clock.advance(1)
+        await settle()
+        recovery.close()
+        return before, host.rehydrated
+
+    before, after = run(scenario())
+    assert before == [] and after == [partition]
