@@ -12,7 +12,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,8 +32,8 @@ log = logging.getLogger("choreography_ray.engine")
 _DONE = JobStepProgress(percentage=100.0, message="")
 
 
-class StepRun(StepContext):
-    """One run of one step, and the context its work sees."""
+class StepRun:
+    """One run of one step; its work sees it only through `context` (`StepContext`)."""
 
     def __init__(
         self,
@@ -72,6 +72,8 @@ class StepRun(StepContext):
         self._report: StepReport | None = None
         self.persisted: StepReport | None = None
         """The outcome, once written: what a stop that waits for the run answers."""
+        self.context = StepContext(self)
+        """What the step's work is given: the run's callbacks, none of its internals."""
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -172,7 +174,7 @@ class StepRun(StepContext):
             self._cancel = asyncio.Event()
         await self._cancel.wait()
 
-    def now(self):  # type: ignore[no-untyped-def]
+    def now(self) -> datetime:
         return self.worker.clock.now()
 
     # -- the run ----------------------------------------------------------------------------
@@ -294,7 +296,7 @@ class StepRun(StepContext):
             if self.step_class.is_async():
                 self.runner = asyncio.current_task()
                 try:
-                    result = await step.perform(self._user_state, self)
+                    result = await step.perform(self._user_state, self.context)
                 finally:
                     self.runner = None
             else:
