@@ -7,7 +7,7 @@ no Ray start-up and reaches nothing stored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -30,14 +30,17 @@ from .common import (
 from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
 from .reading import ClusterReading, read_cluster
 
+if TYPE_CHECKING:
+    from ..runtime.client import Jobs
+
 
 def _client(
     storage: str | None, address: str | None, scope: str, namespace: str, job_id: str | None
-) -> Any:
+) -> Jobs:
     """The Jobs client, once the partition and the job id are known to be usable."""
     from ..runtime.arguments import check_job_id, job_key
 
-    def checked() -> Any:
+    def checked() -> Jobs:
         job_key(scope, namespace)
         if job_id is not None:
             check_job_id(job_id)
@@ -72,10 +75,6 @@ def quarantine_lines(job: Any) -> list[str]:
         f"recovery no longer resumes it; `choreography jobs resume {job.id}{where}` takes it "
         "out of quarantine and resumes it",
     ]
-
-
-def _key_args(scope: str, namespace: str) -> dict[str, str]:
-    return {"scope": scope, "namespace": namespace}
 
 
 @jobs_app.command("list")
@@ -216,14 +215,14 @@ def jobs_watch(
     """
     jobs = _client(storage, address, scope, namespace, job_id)
     state = guard(
-        lambda: jobs.wait(job_id, timeout=timeout, progress=True, **_key_args(scope, namespace))
+        lambda: jobs.wait(job_id, timeout=timeout, progress=True, scope=scope, namespace=namespace)
     )
     console.print(state.status.name if state is not None else "finished and cleared")
     if state is not None and state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _simple(action: str) -> Callable[..., None]:
+def _simple(action: str, call: Callable[[Jobs, str, str, str], object]) -> Callable[..., None]:
     def command(
         job_id: str,
         storage: StorageOption = None,
@@ -232,7 +231,7 @@ def _simple(action: str) -> Callable[..., None]:
         namespace: NamespaceOption = DEFAULT_NAMESPACE,
     ) -> None:
         jobs = _client(storage, address, scope, namespace, job_id)
-        answer = guard(lambda: getattr(jobs, action)(job_id, **_key_args(scope, namespace)))
+        answer = guard(lambda: call(jobs, job_id, scope, namespace))
         suffix = f": {answer.name}" if answer is not None and hasattr(answer, "name") else ""
         console.print(f"{action}: {job_id}{suffix}")
 
@@ -244,8 +243,15 @@ def _simple(action: str) -> Callable[..., None]:
     return command
 
 
-for _action in ("stop", "resume", "remove"):
-    jobs_app.command(_action)(_simple(_action))
+jobs_app.command("stop")(
+    _simple("stop", lambda jobs, job_id, scope, ns: jobs.stop(job_id, scope=scope, namespace=ns))
+)
+jobs_app.command("resume")(
+    _simple("resume", lambda jobs, job, scope, ns: jobs.resume(job, scope=scope, namespace=ns))
+)
+jobs_app.command("remove")(
+    _simple("remove", lambda jobs, job, scope, ns: jobs.remove(job, scope=scope, namespace=ns))
+)
 
 
 @jobs_app.command("drain")
@@ -264,7 +270,7 @@ def jobs_drain(
 
     guard(lambda: check_timeout(timeout))  # before joining the cluster
     jobs = _client(storage, address, scope, namespace, job_id)
-    outcome = guard(lambda: jobs.drain(job_id, timeout=timeout, **_key_args(scope, namespace)))
+    outcome = guard(lambda: jobs.drain(job_id, timeout=timeout, scope=scope, namespace=namespace))
     console.print(f"drain: {job_id}: {outcome.result.name}")
     console.print(f"  drained: {', '.join(outcome.drained) or 'none'}")
     if outcome.not_drained:
@@ -293,5 +299,5 @@ def jobs_rehydrate(
 
     guard(lambda: check_timeout(timeout))  # before joining the cluster
     jobs = _client(storage, address, scope, namespace, None)
-    summary = guard(lambda: jobs.rehydrate(timeout=timeout, **_key_args(scope, namespace)))
+    summary = guard(lambda: jobs.rehydrate(timeout=timeout, scope=scope, namespace=namespace))
     console.print(summary.line())

@@ -6,7 +6,7 @@ in-process cluster, or against Ray (`console.ray_cluster`): the app never import
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,26 +82,46 @@ class ManagerActions:
         self.cluster = cluster
 
     async def run(self, action: str, key: JobKey, job_id: str) -> str:
-        if action not in ACTIONS or (action == "drain" and not self.can_drain):
-            raise ValueError(f"unknown action {action!r}")
-        answer = await getattr(self.cluster.manager(key), action)(job_id)
-        return _message(action, answer)
+        manager = self.cluster.manager(key)
+        calls: dict[str, Callable[[str], Awaitable[object]]] = {
+            "stop": manager.stop,
+            "resume": manager.resume,
+            "remove": manager.remove,
+        }
+        if self.can_drain:
+            calls["drain"] = manager.drain
+        return _message(action, await _chosen(calls, action)(job_id))
 
 
 class ClientActions:
-    """Actions through a `Jobs` client (blocking calls, run in threads). Drain is offered
-    only when the client has it."""
+    """Actions through a `Jobs` client, awaited on its async core (`jobs.aio`). Drain is
+    offered only when the client has it."""
 
     def __init__(self, jobs: Any) -> None:
         self.jobs = jobs
 
     @property
     def can_drain(self) -> bool:
-        return callable(getattr(self.jobs, "drain", None))
+        return callable(getattr(self.jobs.aio, "drain", None))
 
     async def run(self, action: str, key: JobKey, job_id: str) -> str:
-        if action not in ACTIONS or (action == "drain" and not self.can_drain):
-            raise ValueError(f"unknown action {action!r}")
-        call = getattr(self.jobs, action)
-        answer = await asyncio.to_thread(call, job_id, scope=key.scope, namespace=key.namespace)
-        return _message(action, answer)
+        client = self.jobs.aio
+        where = {"scope": key.scope, "namespace": key.namespace}
+        calls: dict[str, Callable[[str], Awaitable[object]]] = {
+            "stop": lambda job: client.stop(job, **where),
+            "resume": lambda job: client.resume(job, **where),
+            "remove": lambda job: client.remove(job, **where),
+        }
+        if self.can_drain:
+            calls["drain"] = lambda job: client.drain(job, **where)
+        return _message(action, await _chosen(calls, action)(job_id))
+
+
+def _chosen(
+    calls: dict[str, Callable[[str], Awaitable[object]]], action: str
+) -> Callable[[str], Awaitable[object]]:
+    """The call a form's action names: one of a closed table, or a refusal."""
+    call = calls.get(action)
+    if call is None:
+        raise ValueError(f"unknown action {action!r}")
+    return call

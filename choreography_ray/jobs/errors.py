@@ -23,6 +23,7 @@ __all__ = [
     "DrainOutcome",
     "HostError",
     "InvalidJobIdError",
+    "InvalidOperationError",
     "InvalidOptionError",
     "InvalidRequestError",
     "JobNotFoundError",
@@ -369,6 +370,13 @@ class InvalidJobIdError(ChoreographyError, ValueError):
 class HostError(ChoreographyError):
     """Raised when a host actor failed a call with an error that is not one of ours, or died
     during it; the message is one line, the host's traceback stays in its log."""
+
+
+class InvalidOperationError(ChoreographyError, TypeError):
+    """Raised by a host asked to perform something that is not one of its typed operations: a
+    controller host given anything but a client's request (`runtime.operations`), the storage
+    actor asked for a method the storage protocols do not declare, a request that a host of
+    the previous release cannot perform."""
 
 
 class ClusterAuthenticationError(ConfigurationError):

@@ -11,9 +11,14 @@ Each pass asks every source at once and each within a time bound; one that fails
 answer is logged and left out of that pass, the others still count, and the catalog says it is
 incomplete. A failed source is then asked again on its own, after 1 s doubling to 60 s, like a
 failed rehydration (`retries.Retries`), until it answers; the keys it gives then go to `found`
-(the host recovers their partitions), with no membership change or sweep needed. Entry points
-and named callables are loaded again on each ask, so one that failed to import is retried too.
-Only callables the user names are imported; nothing read from storage ever is.
+(the host recovers their partitions), with no membership change or sweep needed. A storage
+provider of the user's own that keeps no catalog of its partitions
+(`capabilities.partition_catalog` False) names only the partitions it opened in this process:
+with no key provider beside it, the catalog is incomplete too, so every host recovers what it
+knows (electing one would miss partitions only another opened), and a warning at start-up names
+the provider and what to configure: recovery is never silently partial. Entry points and named
+callables are loaded again on each ask, so one that failed to import is retried too. Only
+callables the user names are imported; nothing read from storage ever is.
 """
 
 from __future__ import annotations
@@ -61,11 +66,15 @@ class KeyCatalog:
 
     keys: tuple[JobKey, ...]
     failed: tuple[str, ...] = ()
+    partial: tuple[str, ...] = ()
+    """Sources that answered but can name only part of the partitions (asking again would
+    not help): a storage provider without a catalog, when no key provider names the rest."""
 
     @property
     def complete(self) -> bool:
-        """Every source answered: no partition with unfinished jobs is missing."""
-        return not self.failed
+        """Every source answered, and for every partition: none with unfinished jobs is
+        missing."""
+        return not self.failed and not self.partial
 
 
 def named_provider(name: str) -> EntryPoint:
@@ -116,6 +125,7 @@ class KeyCatalogReader:
         clock = clock or SystemClock()
         self._bound = Bound(timeout, clock)
         self._warned = False
+        self._warned_partial = False
         self._sources: dict[str, Callable[[], Awaitable[list[JobKey]]]] = {}
         self._retries: Retries[str] = Retries(self._ask_again, clock, what="key source")
         self.found: Callable[[list[JobKey]], Awaitable[Any]] | None = None
@@ -151,8 +161,9 @@ class KeyCatalogReader:
         catalog = KeyCatalog(
             keys=tuple(sorted(keys, key=lambda key: (key.scope, key.namespace))),
             failed=tuple(failed),
+            partial=self._partial(key_providers=len(sources) > 1),
         )
-        if not catalog.complete and not self._warned:
+        if catalog.failed and not self._warned:
             self._warned = True
             log.warning(
                 "recovery's key catalog is incomplete (%s did not answer): a partition only "
@@ -160,6 +171,26 @@ class KeyCatalogReader:
                 ", ".join(catalog.failed),
             )
         return catalog
+
+    def _partial(self, *, key_providers: bool) -> tuple[str, ...]:
+        """The storage source, when it names only the partitions this process opened and no
+        key provider is there to name the rest; warned about once, at the first pass."""
+        if self.storage.capabilities.partition_catalog or key_providers:
+            return ()
+        if not self._warned_partial:
+            self._warned_partial = True
+            log.warning(
+                "recovery is incomplete: storage provider %s keeps no catalog of its "
+                "partitions, so a pass finds only the partitions this host opened (and those "
+                "configured), and a job in any other is not recovered until a host that "
+                "opens its partition runs a pass. Implement keys_with_jobs on %s and set "
+                "StorageCapabilities(partition_catalog=True), or configure key providers "
+                "(key_providers, CHOREOGRAPHY_KEY_PROVIDERS, or the entry point group %s)",
+                self.storage,
+                type(self.storage).__name__,
+                KEY_PROVIDERS_GROUP,
+            )
+        return (f"{STORAGE_SOURCE} ({type(self.storage).__name__} keeps no partition catalog)",)
 
     async def _storage_keys(self) -> list[JobKey]:
         return await self.storage.keys_with_jobs(INTERRUPTED_STATUSES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..exports import lazy_names
 
 _WHERE = {
-    "AsyncJobs": "client",
+    "AsyncJobs": "async_client",
     "Jobs": "client",
     "connect": "connection",
     "start_hosts": "placement",

@@ -8,107 +8,45 @@
 a controller host found by name, so another driver, or this one after a restart, sees the same
 jobs; a client whose controller host was replaced finds the new one by name and goes on.
 Arguments are checked here, before any remote call, and every failure reaches the caller as one
-of the project's exceptions with a one-line message. `jobs.aio` offers the same calls as
-coroutines.
+of the project's exceptions with a one-line message.
+
+`AsyncJobs` (`jobs.aio`) is the client: each call builds one typed request (`operations`) and
+awaits the controller host's answer, as Ray's object references are awaitable. `Jobs` runs
+those coroutines to the end on one event loop of its own, on a background thread
+(`background_loop`), so it works the same in a plain script, a Ray driver, a `ray job submit`
+entrypoint and a notebook whose own loop is running.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-import ray
 from pydantic import BaseModel
 
-from ..engine.job import JobStartResult
-from ..jobs.errors import (
-    DrainOutcome,
-    JobNotFoundError,
-    ResumeJobSuccess,
-    StartJobError,
-    StartJobFailed,
-)
+from ..jobs.errors import DrainOutcome, ResumeJobSuccess
 from ..jobs.job import Job
-from ..jobs.registry import default_registry
-from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState
 from ..placement.capability import import_failures
-from ..recovery.explicit import RehydrationSummary, check_timeout
+from ..recovery.explicit import RehydrationSummary
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
-from .arguments import check_job_id, check_query, job_key
-from .config import merge, require_config, write_config
+from .async_client import AsyncJobs
+from .background_loop import BackgroundLoop
 from .constants import NAMESPACE
-from .controller_routing import ControllerRouting
 from .directory import actor_names
-from .packages import runtime_packages
-from .remote import is_host_gone, project_error
 
-T = TypeVar("T")
-
-_WAIT_CHUNK = 10.0
-"""Seconds one call of `wait` may be held by the controller host before it asks again."""
-
-_STARTED_MEMORY = 10_000
-"""How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
+__all__ = ["AsyncJobs", "Jobs"]
 
 
 class Jobs:
-    """Start, watch, stop, resume and remove jobs. Every call is synchronous; `aio` has the
-    same as coroutines."""
+    """Start, watch, stop, resume and remove jobs; every call blocks until it is answered.
+    `aio` is the same client as coroutines: each call here runs its coroutine to the end on the
+    process's background loop."""
 
     def __init__(self, namespace: str = NAMESPACE) -> None:
         self.namespace = namespace
-        self.aio = AsyncJobs(self)
-        self._routing = ControllerRouting(namespace)
-        self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
-        self._remembered: set[tuple[str, JobKey]] = set()
-        """(module, partition) pairs the cluster's configuration is known to hold: the
-        configuration only grows, so a start of a known pair does not read it again."""
-
-    # -- routing --------------------------------------------------------------------------------
-
-    def _call(self, what: str, method: str, *args: Any, job_type: str | None = None) -> Any:
-        """`method` of the controller host (one that runs `job_type`, when given); once more
-        on the host that runs now when the one this client knew died or was replaced (every
-        call is keyed by a job id or reads, so asking again is safe)."""
-        for attempt in (1, 2):
-            routing = self._routing
-            handle = routing.controller() if job_type is None else routing.controller_for(job_type)
-            try:
-                return ray.get(getattr(handle, method).remote(*args))
-            except ray.exceptions.RayError as error:
-                if not is_host_gone(error):
-                    raise project_error(error, what) from None
-                self._routing.forget()
-                if attempt == 2:
-                    raise project_error(error, what) from None
-        raise AssertionError("unreachable")
-
-    def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
-        """Make every host know the job's module and recover the job's partition."""
-        module = job_type.__module__
-        if (module, key) in self._remembered:
-            return
-        config = require_config(self.namespace)
-        modules = [] if module == "__main__" else [module]
-        updated = merge(config, modules=modules, keys=[key], packages=runtime_packages())
-        if updated is not config:
-            write_config(updated, self.namespace)
-            hosts = [
-                ray.get_actor(name, namespace=self.namespace)
-                for name in actor_names(self.namespace)
-            ]
-            try:
-                ray.get([h.refresh.remote() for h in hosts])
-            except ray.exceptions.RayError as error:
-                raise project_error(error, "refreshing the hosts") from None
-        self._remembered.add((module, key))
-
-    # -- operations -----------------------------------------------------------------------------
+        self.aio = AsyncJobs(namespace)
 
     def import_failures(self, job_type: str | None = None) -> list[str]:
         """The job modules hosts could not import, one line each naming the node, the host and
@@ -127,46 +65,27 @@ class Jobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> str:
-        """Start a job; returns its id once the job is durable (and its steps dispatched,
-        unless the job starts them in the background). With `job_id`, starting again returns
-        that job instead of a second one.
-
-        Without `job_id` the client names the job itself, so that asking a replaced controller
-        host again cannot start a second job."""
-        key = job_key(scope, namespace)
-        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
-        payload = default_registry.dump_request(request)
-        self._remember(job_type, key)
-        result: JobStartResult = self._call(
-            "jobs.start", "start", key, job_type.name, payload, job_id, job_type=job_type.name
+        """Start a job; returns its id once the job is durable (see `AsyncJobs.start`)."""
+        return _run(
+            self.aio.start(job_type, request, job_id=job_id, scope=scope, namespace=namespace)
         )
-        started = _started(result)
-        self._started[(key, started)] = None
-        if len(self._started) > _STARTED_MEMORY:
-            self._started.popitem(last=False)
-        return started
 
     def get(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> JobState:
-        key = job_key(scope, namespace)
-        return self._call("jobs.get", "get", key, check_job_id(job_id))
+        return _run(self.aio.get(job_id, scope=scope, namespace=namespace))
 
     def step_counts(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> StepCounts:
-        """The job's step records per status as storage holds them, with the records that
-        cannot be read counted apart (`.unreadable`): a job with any is never resumed."""
-        key = job_key(scope, namespace)
-        return self._call("jobs.step_counts", "step_counts", key, check_job_id(job_id))
+        """The job's step records per status as storage holds them (see
+        `AsyncJobs.step_counts`)."""
+        return _run(self.aio.step_counts(job_id, scope=scope, namespace=namespace))
 
     def find(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> JobState | None:
-        try:
-            return self.get(job_id, scope=scope, namespace=namespace)
-        except JobNotFoundError:
-            return None
+        return _run(self.aio.find(job_id, scope=scope, namespace=namespace))
 
     def list(
         self,
@@ -175,14 +94,12 @@ class Jobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> list[JobState]:
-        key = job_key(scope, namespace)
-        return self._call("jobs.list", "list", key, check_query(query or JobQuery()))
+        return _run(self.aio.list(query, scope=scope, namespace=namespace))
 
     def stop(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> None:
-        key = job_key(scope, namespace)
-        self._call("jobs.stop", "stop", key, check_job_id(job_id))
+        _run(self.aio.stop(job_id, scope=scope, namespace=namespace))
 
     def drain(
         self,
@@ -192,27 +109,19 @@ class Jobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> DrainOutcome:
-        """Stop the job and wait, up to `timeout` seconds, until every step that could still
-        run has stopped, persisted its outcome and answered. `.result` is DRAINED only then
-        (and `on_stopped` has run); TIMED_OUT names the steps that did not answer in
-        `.not_drained`. The job cannot be resumed until its drain is complete."""
-        from ..recovery.explicit import check_timeout
-
-        key = job_key(scope, namespace)
-        within = check_timeout(timeout)
-        return self._call("jobs.drain", "drain", key, check_job_id(job_id), within)
+        """Stop the job and wait, up to `timeout` seconds, for every step to answer (see
+        `AsyncJobs.drain`)."""
+        return _run(self.aio.drain(job_id, timeout=timeout, scope=scope, namespace=namespace))
 
     def resume(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
-        key = job_key(scope, namespace)
-        return self._call("jobs.resume", "resume", key, check_job_id(job_id))
+        return _run(self.aio.resume(job_id, scope=scope, namespace=namespace))
 
     def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> None:
-        key = job_key(scope, namespace)
-        self._call("jobs.remove", "remove", key, check_job_id(job_id))
+        _run(self.aio.remove(job_id, scope=scope, namespace=namespace))
 
     def rehydrate(
         self,
@@ -221,18 +130,8 @@ class Jobs:
         namespace: str = DEFAULT_NAMESPACE,
         timeout: float = 60.0,
     ) -> RehydrationSummary:
-        """Resume the partition's interrupted jobs and finish its unfinished stops now, as
-        after a restart; what the pass did once its jobs resumed, or, after `timeout` seconds,
-        that it is still under way (the jobs keep resuming in the background)."""
-        key = job_key(scope, namespace)
-        within = check_timeout(timeout)
-        return self._call("jobs.rehydrate", "rehydrate", key, within)
-
-    def _gone(self, key: JobKey, job_id: str) -> None:
-        """A job found nowhere when a wait began: cleared, if this client started it; else it
-        never existed here (or was removed before anyone asked), which is an error."""
-        if (key, job_id) not in self._started:
-            raise JobNotFoundError(job_id)
+        """Resume the partition's interrupted jobs now (see `AsyncJobs.rehydrate`)."""
+        return _run(self.aio.rehydrate(scope=scope, namespace=namespace, timeout=timeout))
 
     def events(
         self,
@@ -242,26 +141,10 @@ class Jobs:
         namespace: str = DEFAULT_NAMESPACE,
         interval: float = 0.25,
     ) -> Iterator[JobState]:
-        """The job's state each time its progress or status changes, until it is finished
-        (terminal, or stopped for good); a job that is cleared ends the iteration. Raises
-        JobNotFoundError for a job that is not there when the iteration begins (unless this
-        client started it)."""
-        key = job_key(scope, namespace)
-        check_job_id(job_id)
-        last: tuple[Any, ...] | None = None
-        while True:
-            state = self.find(job_id, scope=scope, namespace=namespace)
-            if state is None:
-                if last is None:
-                    self._gone(key, job_id)
-                return
-            mark = (state.status, state.progress.model_dump_json())
-            if mark != last:
-                last = mark
-                yield state
-            if state.is_finished:
-                return
-            time.sleep(interval)
+        """The job's state each time its progress or status changes (see `AsyncJobs.events`)."""
+        return _BACKGROUND.iterate(
+            self.aio.events(job_id, scope=scope, namespace=namespace, interval=interval)
+        )
 
     def wait(
         self,
@@ -273,101 +156,19 @@ class Jobs:
         namespace: str = DEFAULT_NAMESPACE,
         interval: float = 0.25,
     ) -> JobState | None:
-        """Wait until the job is finished and return its last state, or None when the job was
-        cleared (removed, or completed without keeping its state). `progress=True` shows a live
-        progress bar, refreshed every `interval` seconds. Raises TimeoutError after `timeout`
-        seconds, and JobNotFoundError for a job that is not there when the wait begins (unless
-        this client started it: then it was cleared).
-
-        The controller host holds each call until the job finishes (or the chunk of time
-        passes), so the wait ends as the job does, without polling it."""
-        from .progress import ProgressBar
-
-        key = job_key(scope, namespace)
-        check_job_id(job_id)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        seen = False
-        with ProgressBar(enabled=progress) as bar:
-            while True:
-                chunk = interval if progress else _WAIT_CHUNK
-                if deadline is not None:
-                    chunk = max(0.0, min(chunk, deadline - time.monotonic()))
-                state = self._call("jobs.wait", "wait", key, job_id, chunk)
-                if state is None:
-                    if not seen:
-                        self._gone(key, job_id)
-                    return None
-                seen = True
-                bar.update(state)
-                if state.is_finished:
-                    return state
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+        """Wait until the job is finished and return its last state, or None when it was
+        cleared (see `AsyncJobs.wait`)."""
+        waiting = self.aio.wait(
+            job_id,
+            timeout=timeout,
+            progress=progress,
+            scope=scope,
+            namespace=namespace,
+            interval=interval,
+        )
+        return _run(waiting)
 
 
-class AsyncJobs:
-    """The client's calls as coroutines, for async drivers."""
-
-    def __init__(self, jobs: Jobs) -> None:
-        self._jobs = jobs
-
-    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def start(self, job_type: type[Job[Any]], request: BaseModel, **kwargs: Any) -> str:
-        return await self._call(self._jobs.start, job_type, request, **kwargs)
-
-    async def get(self, job_id: str, **kwargs: Any) -> JobState:
-        return await self._call(self._jobs.get, job_id, **kwargs)
-
-    async def step_counts(self, job_id: str, **kwargs: Any) -> StepCounts:
-        return await self._call(self._jobs.step_counts, job_id, **kwargs)
-
-    async def list(self, query: JobQuery | None = None, **kwargs: Any) -> list[JobState]:
-        return await self._call(self._jobs.list, query, **kwargs)
-
-    async def stop(self, job_id: str, **kwargs: Any) -> None:
-        await self._call(self._jobs.stop, job_id, **kwargs)
-
-    async def drain(self, job_id: str, **kwargs: Any) -> DrainOutcome:
-        return await self._call(self._jobs.drain, job_id, **kwargs)
-
-    async def resume(self, job_id: str, **kwargs: Any) -> ResumeJobSuccess:
-        return await self._call(self._jobs.resume, job_id, **kwargs)
-
-    async def remove(self, job_id: str, **kwargs: Any) -> None:
-        await self._call(self._jobs.remove, job_id, **kwargs)
-
-    async def wait(self, job_id: str, **kwargs: Any) -> JobState | None:
-        return await self._call(self._jobs.wait, job_id, **kwargs)
-
-    async def rehydrate(self, **kwargs: Any) -> RehydrationSummary:
-        return await self._call(self._jobs.rehydrate, **kwargs)
-
-    async def events(self, job_id: str, **kwargs: Any) -> AsyncIterator[JobState]:
-        iterator = self._jobs.events(job_id, **kwargs)
-        while True:
-            state = await asyncio.to_thread(next, iterator, None)
-            if state is None:
-                return
-            yield state
-
-
-def _started(result: JobStartResult) -> str:
-    """The id of the started job, or the refusal as an exception. A job started before under
-    the same id (the caller's, or the client's own asked again of a replaced host) is that job,
-    not a second one."""
-    if result.succeeded:
-        return result.job_id
-    if result.error in (
-        StartJobError.ALREADY_BEEN_PREPARED,
-        StartJobError.ALREADY_COMPLETED,
-    ):
-        return result.job_id  # the same id again: that job, not a second one
-    name = result.error.name if result.error is not None else "UNKNOWN"
-    detail = f": {result.reason}" if result.reason else ""
-    error = StartJobFailed(
-        f"job {result.job_id} did not start cleanly ({name}){detail}", code=result.error
-    )
-    error.job_id = result.job_id  # type: ignore[attr-defined]
-    raise error
+_BACKGROUND = BackgroundLoop("choreography-client")
+"""The one loop every `Jobs` of the process runs its calls on."""
+_run = _BACKGROUND.run

@@ -144,7 +144,7 @@ def probe_storage(url: str) -> None:
     `memory://` lives in a cluster actor, so there is nothing to open yet. Any other URL's
     scheme is checked as it is opened (known, and its driver installed), in one line.
     """
-    from ..storage.provider import open_storage
+    from ..storage.schemes import open_storage
     from ..storage.url import StorageURL
 
     parsed = StorageURL(url)

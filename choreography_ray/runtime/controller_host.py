@@ -1,29 +1,26 @@
 """The controller host: a node's jobs managers and job activations, as a Ray actor.
 
-It serves what clients ask (start, get, stop, resume, remove, drain, wait, list), hears the
-outcomes worker hosts report, and takes part in recovery (`controller_recovery`).
+It performs what clients ask, one typed request each (`operations`: start, get, stop, resume,
+remove, drain, wait, list, ...), hears the outcomes worker hosts report, and takes part in
+recovery (`controller_recovery`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-from typing import Any
+from typing import Any, TypeVar
 
 from ..engine.context import EngineContext
-from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
-from ..engine.messages import PackedReport, unpack_reports
-from ..jobs.errors import DrainOutcome, OwnedElsewhereError
-from ..jobs.registry import Payload, TypeKind, default_registry
-from ..jobs.state import JobKey, JobOwner, JobState
+from ..engine.messages import PackedReport
+from ..jobs.errors import OwnedElsewhereError
+from ..jobs.registry import default_registry
+from ..jobs.state import JobKey, JobOwner
 from ..placement.capability import PLAN_STORAGE, hosts_of_type_have
 from ..placement.choice import Placement
-from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..recovery.liveness import owner_alive
 from ..recovery.rehydration import Rehydration
-from ..storage.protocols import JobQuery, StepCounts
-from ..testing.hooks import hooked_storage
 from .adverts import Adverts, delete_advert
 from .autoscaling import AutoscaleRequests
 from .constants import controller_name
@@ -33,10 +30,15 @@ from .draining import Drains
 from .host import Host
 from .host_process import rss_kb
 from .metrics import Metrics
+from .operations import Deliver, Operation, checked
+from .previous_release import PreviousReleaseCalls
+from .storage_hook import hooked_storage
 from .worker_host import WorkerHost
 
+T = TypeVar("T")
 
-class ControllerHost(Host):
+
+class ControllerHost(Host, PreviousReleaseCalls):
     """Jobs managers and job activations of one node."""
 
     def __init__(self, namespace: str, node_id: str) -> None:
@@ -147,63 +149,27 @@ class ControllerHost(Host):
 
     # -- what clients ask -----------------------------------------------------------------------
 
-    async def start(
-        self, key: JobKey, job_type: str, request: Payload, job_id: str | None
-    ) -> JobStartResult:
-        await self.ready()
-        if self.drains.leaving and (successors := self.drains.successors()):
-            # This node goes: the job starts on a controller host that stays.
-            started: JobStartResult = await self.routes.call(
-                successors[0], "start", key, job_type, request, job_id
-            )
-            return started
-        job_class = default_registry.resolve(job_type, TypeKind.JOB)
-        typed = default_registry.load(request, TypeKind.REQUEST)
-        result = await self.manager(key).start(job_class, typed, job_id=job_id)
-        self.metrics.job_started(job_type, result.succeeded)
-        return result
-
-    async def get(self, key: JobKey, job_id: str) -> JobState:
-        await self.ready()
-        return await self.manager(key).get(job_id)
-
-    async def step_counts(self, key: JobKey, job_id: str) -> StepCounts:
-        await self.ready()
-        return await self.manager(key).step_counts(job_id)
-
-    async def wait(self, key: JobKey, job_id: str, within: float) -> JobState | None:
-        """The job's state once it finishes, or as it stands after `within` seconds."""
-        await self.ready()
-        return await self.manager(key).wait_finished(job_id, within)
-
-    async def list(self, key: JobKey, query: JobQuery) -> list[JobState]:
-        await self.ready()
-        return await self.manager(key).list(query)
-
-    async def _owned(self, key: JobKey, job_id: str, operation: str, *args: Any) -> Any:
+    async def perform(self, operation: Operation[T]) -> T:
+        """Perform a client's request (`runtime.operations`), dispatched by its type; a job
+        another live controller host owns is asked of that host."""
+        operation = checked(operation)
         await self.ready()
         try:
-            return await getattr(self.manager(key), operation)(job_id, *args)
+            return await operation.run(self)
         except OwnedElsewhereError as elsewhere:
-            return await self.routes.call(elsewhere.host, operation, key, job_id, *args)
+            return await self.ask(elsewhere.host, operation)
 
-    async def stop(self, key: JobKey, job_id: str) -> None:
-        return await self._owned(key, job_id, "stop")
+    async def ask(self, host: str, operation: Operation[T]) -> T:
+        return await self.routes.ask(host, operation)
 
-    async def resume(self, key: JobKey, job_id: str) -> Any:
-        return await self._owned(key, job_id, "resume")
-
-    async def remove(self, key: JobKey, job_id: str) -> None:
-        return await self._owned(key, job_id, "remove")
-
-    async def drain(self, key: JobKey, job_id: str, within: float) -> DrainOutcome:
-        return await self._owned(key, job_id, "drain", within)
+    def successor(self) -> str | None:
+        if self.drains.leaving and (successors := self.drains.successors()):
+            return successors[0]
+        return None
 
     async def deliver(self, key: JobKey, job_id: str, packed: builtins.list[PackedReport]) -> None:
         """Step outcomes from a worker host, already durable."""
-        reports = unpack_reports(packed)
-        self.metrics.outcomes(reports)
-        return await self._owned(key, job_id, "deliver", reports)
+        await self.perform(Deliver(key, job_id, packed))
 
     async def outstanding_steps(self) -> int:
         """Steps of the running jobs here with no outcome yet: this host's part of the worker
@@ -231,12 +197,6 @@ class ControllerHost(Host):
             **self.drains.stats(),
             "rss_kb": rss_kb(),
         }
-
-    async def rehydrate(self, key: JobKey, within: float) -> RehydrationSummary:
-        """An explicit rehydration pass of the partition, summarized once its jobs resumed or
-        after `within` seconds."""
-        await self.ready()
-        return await rehydrate_within(self.manager(key), within, self.clock)
 
     async def shutdown(self) -> None:
         self.fence.stop()

@@ -121,7 +121,10 @@ class RayDispatcher:
 
     async def give_up(self, job_key: JobKey, job_id: str, shares: Mapping[str, float]) -> list[str]:
         adverts = await self.adverts(list(shares)) if self.adverts is not None else {}
-        names = [n for n in shares if n in self.routes.workers and self._moves(n, adverts)]
+        # A draining host has left `workers` (it takes no new work) but is asked all the
+        # same: its queued runs are exactly what must move.
+        callable_ = set(self.routes.workers) | set(self.routes.draining)
+        names = [n for n in shares if n in callable_ and self._moves(n, adverts)]
         calls = [
             self.routes.call(name, "give_up_queued", job_key, job_id, shares[name])
             for name in names

@@ -58,6 +58,8 @@ class Drains:
         """This host's own node drains: new jobs go to another controller host."""
         self.moved = 0
         """Queued runs moved off draining worker hosts."""
+        self.drained: set[str] = set()
+        """Draining worker hosts this host gives no new work and whose queued runs it moved."""
         self.handed_over: list[str] = []
         """Jobs this host handed to another, in order."""
         self.handover_seconds: float | None = None
@@ -71,6 +73,7 @@ class Drains:
             routes.drain(workers)
             for manager in list(host.managers.values()):
                 self.moved += await manager.hosts_draining(frozenset(workers))
+            self.drained.update(workers)
             log.warning(
                 "%s: worker host(s) %s drain; they take no new step (%d queued run(s) moved)",
                 host.name,
@@ -139,6 +142,7 @@ class Drains:
     def stats(self) -> dict[str, Any]:
         return {
             "moved_off_draining": self.moved,
+            "drained_workers": sorted(self.drained),
             "handed_over": len(self.handed_over),
             "handover_seconds": self.handover_seconds,
         }

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
-from ..engine.messages import StepReport
 from ..engine.run_host import StepMetrics
 from ..jobs.status import JobStatus, JobStepStatus
 
@@ -68,9 +66,6 @@ class Metrics(StepMetrics):
     def job_started(self, job_type: str, succeeded: bool) -> None:
         if self.enabled:
             self._starts.inc(tags={"job_type": job_type, "succeeded": str(succeeded).lower()})
-
-    def outcomes(self, reports: Sequence[StepReport]) -> None:
-        """Counted where outcomes arrive (the controller), once per report."""
 
     def step_started(self) -> None:
         self._count("started")

@@ -2,30 +2,62 @@
 
 Hosts on other processes open the same URL and get a provider whose storages forward every
 call to that actor, so all hosts see one store, as they would a database.
+
+The forwarding goes by method name, but only the names the storage protocols declare
+(`JobStorage`, `JobStepStorage`, `StepPlanStorage`), on both ends: callers are type-checked
+against those protocols, and the actor refuses any other name. Keyword arguments travel too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import ray
 
 from ..engine.clock import SystemClock
-from ..jobs.errors import StorageUnavailableError
+from ..jobs.errors import InvalidOperationError, StorageUnavailableError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
 from ..jobs.status import JobStatus
 from ..recovery.liveness import Bound, HostGone
 from ..storage.memory import MemoryStorage
-from ..storage.protocols import JobsStorage, StorageCapabilities
-from ..storage.provider import StorageProvider, open_storage
+from ..storage.protocols import (
+    JobsStorage,
+    JobStepStorage,
+    JobStorage,
+    StepPlanStorage,
+    StorageCapabilities,
+)
+from ..storage.provider import StorageProvider
+from ..storage.schemes import open_storage
 from ..storage.url import StorageURL
 from .constants import STORAGE_ACTOR
 
 _IMPORT_BOUNDS = 6
 """How many `host_call_timeout`s the storage actor may take to import job modules."""
+
+
+def _methods(protocol: type) -> frozenset[str]:
+    declared = vars(protocol).items()
+    return frozenset(name for name, value in declared if callable(value) and name[0] != "_")
+
+
+PART_METHODS: Mapping[str, frozenset[str]] = {
+    "jobs": _methods(JobStorage),
+    "steps": _methods(JobStepStorage),
+    "plans": _methods(StepPlanStorage),
+}
+"""The methods a partition's part may be asked for: its protocol's, and no other."""
+
+
+def _declared(part: str, method: str) -> None:
+    if method not in PART_METHODS.get(part, frozenset()):
+        raise InvalidOperationError(
+            f"storage has no operation {part}.{method}: the storage protocols declare "
+            f"{', '.join(sorted(PART_METHODS.get(part, PART_METHODS)))}"
+        )
 
 
 class StorageActor:
@@ -37,9 +69,18 @@ class StorageActor:
         import_modules(modules)
         self.provider = open_storage(url)
 
-    async def call(self, key: JobKey, part: str, method: str, args: tuple[Any, ...]) -> Any:
+    async def call(
+        self,
+        key: JobKey,
+        part: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """`method` of one part of a partition, a method its protocol declares."""
+        _declared(part, method)
         storage = self.provider.for_key(key)
-        return await getattr(getattr(storage, part), method)(*args)
+        return await getattr(getattr(storage, part), method)(*args, **(kwargs or {}))
 
     async def keys_with_jobs(self, statuses: list[JobStatus]) -> list[JobKey]:
         return await self.provider.keys_with_jobs(statuses)
@@ -62,12 +103,16 @@ class _Forward:
         self._bound = bound
 
     def __getattr__(self, method: str) -> Any:
-        """The forwarding call for `method`, made once and kept (storage calls are hot)."""
-        if method.startswith("_"):
+        """The forwarding call for `method`, made once and kept (storage calls are hot); a
+        name the part's protocol does not declare is no attribute, as on any store."""
+        if method not in PART_METHODS[self._part]:
             raise AttributeError(method)
 
-        async def call(*args: Any) -> Any:
-            answer = self._actor.call.remote(self._key, self._part, method, args)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            # Without keywords, the previous release's four arguments: its storage actor
+            # may still run during a rolling upgrade.
+            sent = (self._key, self._part, method, args, *([kwargs] if kwargs else []))
+            answer = self._actor.call.remote(*sent)
             try:
                 return await self._bound(answer, STORAGE_ACTOR)
             except HostGone:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 from ..engine.clock import Clock
 from ..recovery.liveness import Bound, HostGone
 from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, WORKER_PREFIX
+from .operations import Operation
+from .wire import send
+
+T = TypeVar("T")
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -120,14 +124,23 @@ class Routes:
         for ping in self._pings:
             ping.cancel()
 
+    async def ask(self, name: str, operation: Operation[T]) -> T:
+        """Have controller host `name` perform a client's request (`operations`), bounded
+        and looked after as `call` is."""
+        answer: T = await self._send(name, lambda handle: send(handle, operation))
+        return answer
+
     async def call(self, name: str, method: str, *args: Any) -> Any:
         """Call `method` of host `name`, bounded by the timeout; a host that is gone leaves
         the table (and the table is read again) before the error is raised."""
+        return await self._send(name, lambda handle: getattr(handle, method).remote(*args))
+
+    async def _send(self, name: str, sending: Callable[[Any], Awaitable[Any]]) -> Any:
         handle = self._handles.get(name)
         if handle is None:
             handle = await self._find(name)
         try:
-            return await self.bound(getattr(handle, method).remote(*args), name)
+            return await self.bound(sending(handle), name)
         except Exception as error:
             if isinstance(error, HostGone) or self.directory.gone(error):
                 self.forget(name)

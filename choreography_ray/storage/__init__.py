@@ -15,7 +15,8 @@ from .protocols import (
     StepPlanStorage,
     StorageCapabilities,
 )
-from .provider import PROVIDERS, StorageProvider, ThreadedProvider, open_storage
+from .provider import StorageProvider, ThreadedProvider
+from .schemes import PROVIDERS, ProviderRegistry, open_storage
 from .url import StorageURL, redact
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "JobStepStorage",
     "JobStorage",
     "JobsStorage",
+    "ProviderRegistry",
     "StepCounts",
     "StepPlanStorage",
     "StorageCapabilities",

@@ -93,7 +93,10 @@ def forget_memory_store(url: str) -> None:
 
 class MemoryStorage(StorageProvider):
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=True, atomic_batches=True, shared_across_processes=False
+        external_step_plans=True,
+        atomic_batches=True,
+        shared_across_processes=False,
+        partition_catalog=True,
     )
 
     def __init__(

@@ -60,6 +60,10 @@ class StorageCapabilities:
     """`save_many` applies all records of a batch or none."""
     shared_across_processes: bool
     """Two processes opening the same URL see the same data."""
+    partition_catalog: bool = False
+    """`keys_with_jobs` names every partition of the store. Without it (the default of a
+    provider of your own) it names only the partitions this process opened, and recovery
+    warns that it is incomplete unless a key provider names the rest."""
 
 
 class StepCounts(dict[JobStepStatus, int]):
@@ -131,8 +135,22 @@ class JobStorage(Protocol):
     async def get_jobs_excluding_finalized_stops(
         self, statuses: Iterable[JobStatus]
     ) -> list[JobState]:
-        """Jobs in `statuses`, leaving out Stopped jobs whose stop is finalized."""
-        ...
+        """Jobs in `statuses`, leaving out Stopped jobs whose stop is finalized; ordered as
+        `query` orders. What recovery reads.
+
+        This default, inherited by a job storage that subclasses `JobStorage`, reads every job
+        in `statuses` through `query` and filters the finalized stops out, at the cost of that
+        read; a provider overrides it to filter in storage (a Removing job always stays).
+        """
+        wanted = frozenset(statuses)
+        if not wanted:
+            return []
+        jobs = await self.query(JobQuery(statuses=wanted, take=0))
+        return [job for job in jobs if not _finalized_stop(job)]
+
+
+def _finalized_stop(job: JobState) -> bool:
+    return job.status == JobStatus.STOPPED and job.stop_finalized
 
 
 @runtime_checkable

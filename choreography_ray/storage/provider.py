@@ -1,14 +1,12 @@
-"""The base every storage provider shares, and the choice of provider by URL."""
+"""The base every storage provider shares; `schemes` chooses one by URL."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
-from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey
@@ -21,32 +19,14 @@ from .url import StorageURL
 
 T = TypeVar("T")
 
-PROVIDERS: dict[str, str] = {
-    "memory": "choreography_ray.storage.memory:MemoryStorage",
-    "sqlite": "choreography_ray.storage.sql:SqlStorage",
-    "postgresql": "choreography_ray.storage.sql:SqlStorage",
-    "postgresql+psycopg": "choreography_ray.storage.sql:SqlStorage",
-    "mongodb": "choreography_ray.storage.mongo:MongoStorage",
-    "mongodb+srv": "choreography_ray.storage.mongo:MongoStorage",
-    "mongomock": "choreography_ray.storage.mongo:MongoStorage",
-}
-"""URL scheme -> provider class, imported only when that scheme is used."""
-
-DRIVERS: dict[str, tuple[str, str]] = {
-    "postgresql": ("psycopg", "postgres"),
-    "postgresql+psycopg": ("psycopg", "postgres"),
-    "mongodb": ("pymongo", "mongo"),
-    "mongodb+srv": ("pymongo", "mongo"),
-    "mongomock": ("pymongo", "mongo"),
-}
-"""URL scheme -> (driver module, the package extra that installs it), for drivers that are
-optional: SQLite and memory storage need nothing beyond the package itself."""
-
 
 class StorageProvider(ABC):
     """Opens the per-(scope, namespace) storages of one URL and shares their resources."""
 
-    capabilities: ClassVar[StorageCapabilities]
+    capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
+        external_step_plans=False, atomic_batches=False, shared_across_processes=False
+    )
+    """What the provider does beyond the contract; this default promises nothing more."""
 
     def __init__(
         self,
@@ -80,11 +60,21 @@ class StorageProvider(ABC):
         finalized, sorted by scope then namespace: the durable catalog recovery reads.
 
         The filter is `get_jobs_excluding_finalized_stops`'s, so given the statuses rehydration
-        loads it names exactly the partitions where rehydration finds work, across the whole
-        store and without any host having to remember them. A provider that cannot answer
-        raises; recovery then counts its catalog as incomplete.
+        loads it names exactly the partitions where rehydration finds work. The built-in
+        providers answer for the whole store (`capabilities.partition_catalog`), so no host has
+        to remember a partition. This default, for a provider of your own, can enumerate only
+        the partitions this provider opened in this process, and asks each; recovery then
+        warns at start-up that its catalog is incomplete unless a key provider is configured.
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no catalog of its partitions")
+        wanted = list(statuses)
+        with self._partitions_lock:
+            opened = list(self._partitions.values())
+        keys = [
+            partition.key
+            for partition in opened
+            if wanted and await partition.jobs.get_jobs_excluding_finalized_stops(wanted)
+        ]
+        return sorted(keys, key=lambda key: (key.scope, key.namespace))
 
     async def initialize(self) -> None:  # noqa: B027 - most providers need nothing
         """Create what the provider needs (schema, indexes); safe to call more than once."""
@@ -155,53 +145,3 @@ class ThreadedProvider(StorageProvider):
     async def close(self) -> None:
         self._calls.shutdown()
         self._reads.shutdown()
-
-
-def provider_class(url: StorageURL) -> type[StorageProvider]:
-    target = PROVIDERS.get(url.scheme)
-    if target is None:
-        raise ConfigurationError(
-            f"storage URL {url.redacted!r}: unknown scheme {url.scheme!r}; "
-            f"supported: {', '.join(sorted(PROVIDERS))}"
-        )
-    _require_driver(url)
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigurationError(
-            f"storage URL {url.redacted!r}: its provider {module_name} cannot be imported: "
-            f"module {error.name!r} is missing"
-        ) from error
-    cls = getattr(module, class_name)
-    if not (isinstance(cls, type) and issubclass(cls, StorageProvider)):
-        raise ConfigurationError(f"{target} is not a storage provider")
-    return cls
-
-
-def _require_driver(url: StorageURL) -> None:
-    """Fail with the extra to install when the URL's driver is missing, before any import of
-    the provider trips over it."""
-    driver = DRIVERS.get(url.scheme)
-    if driver is None:
-        return
-    module_name, extra = driver
-    try:
-        importlib.import_module(module_name)
-    except ImportError:
-        raise ConfigurationError(
-            f"storage URL {url.redacted!r} needs the {module_name} driver, which is not "
-            f"installed: pip install 'choreography-ray[{extra}]'"
-        ) from None
-
-
-def open_storage(
-    url: str | StorageURL,
-    *,
-    registry: TypeRegistry | None = None,
-    options: JobsOptions | None = None,
-    **provider_args: Any,
-) -> StorageProvider:
-    """The provider for `url`. Call `await provider.initialize()` before first use."""
-    parsed = url if isinstance(url, StorageURL) else StorageURL(url)
-    return provider_class(parsed)(parsed, registry=registry, options=options, **provider_args)

@@ -1,6 +1,7 @@
 """Public helpers for testing jobs: an in-process cluster, fault injection, a fake clock, and a
 multi-node Ray on one machine (`MultiNodeCluster`, loaded on first use: the rest never imports
-Ray). `testing.hooks` is the host actors' hook through which a fault reaches a real cluster."""
+Ray). `testing.hooks` names the host actors' hook (the runtime's) through which a fault reaches a
+real cluster."""
 
 from ..engine.clock import FakeClock
 from .cluster import InProcessCluster

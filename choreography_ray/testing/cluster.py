@@ -35,7 +35,8 @@ from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey, JobState, check_job_id
 from ..recovery import Rehydration
 from ..storage.protocols import JobsStorage
-from ..storage.provider import StorageProvider, open_storage
+from ..storage.provider import StorageProvider
+from ..storage.schemes import open_storage
 
 
 class InProcessCluster:

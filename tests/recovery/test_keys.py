@@ -27,8 +27,10 @@ from choreography_ray.recovery.keys import (
     KeyCatalogReader,
     named_provider,
 )
-from choreography_ray.storage import StorageProvider, open_storage
+from choreography_ray.storage import StorageProvider, StorageURL, open_storage
 from choreography_ray.storage.memory import forget_memory_store
+
+from ..storage.defaults_provider import DefaultsStorage
 
 JOB_TYPE = "recovery.catalog-job"
 STORED = JobKey(scope="stored", namespace="tenant-a")
@@ -196,6 +198,51 @@ def test_a_provider_that_answers_nonsense_fails_alone_with_a_clear_line(
         catalog = run(KeyCatalogReader(storage, [lambda: answer, studio_keys]).read())
     assert catalog.keys == (A, B) and len(catalog.failed) == 1
     assert why in caplog.text
+
+
+# -- a storage provider of the user's own, without a catalog of its partitions -------------------
+
+
+def _uncatalogued(registry: TypeRegistry) -> DefaultsStorage:
+    return DefaultsStorage(
+        StorageURL(f"memory://uncatalogued-{uuid.uuid4().hex}"), registry=registry
+    )
+
+
+def test_storage_without_a_catalog_makes_recovery_incomplete_and_says_so_at_start(
+    run, registry, caplog
+):
+    storage = _uncatalogued(registry)
+    _save(run, storage, STORED, JobStatus.RUNNING)  # a partition this host opened
+    reader = KeyCatalogReader(storage)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.recovery"):
+        catalogs = [run(reader.read()) for _ in range(3)]
+
+    assert all(catalog.keys == (STORED,) for catalog in catalogs)  # what it remembers
+    assert all(not catalog.complete and not catalog.failed for catalog in catalogs)
+    assert catalogs[0].partial == (
+        f"{STORAGE_SOURCE} (DefaultsStorage keeps no partition catalog)",
+    )
+    [warning] = [r.getMessage() for r in caplog.records]  # once, at the first pass
+    assert warning.startswith("recovery is incomplete: storage provider DefaultsStorage(")
+    for what_to_do in ("keys_with_jobs", "partition_catalog=True", "CHOREOGRAPHY_KEY_PROVIDERS"):
+        assert what_to_do in warning
+
+
+def test_a_key_provider_beside_storage_without_a_catalog_completes_recovery(
+    run, registry, caplog, no_installed_entry_points
+):
+    storage = _uncatalogued(registry)
+    _save(run, storage, STORED, JobStatus.RUNNING)
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.recovery"):
+        in_code = run(KeyCatalogReader(storage, [studio_keys]).read())
+        named = run(KeyCatalogReader(storage, names=[f"{__name__}:studio_keys"]).read())
+        no_installed_entry_points.append(
+            EntryPoint(name="studio", value=f"{__name__}:studio_keys", group=KEY_PROVIDERS_GROUP)
+        )
+        installed = run(KeyCatalogReader(storage).read())
+    assert in_code == named == installed == KeyCatalog(keys=(STORED, A, B))
+    assert caplog.records == []
 
 
 def test_an_incomplete_catalog_is_warned_about_once(run, storage, caplog):

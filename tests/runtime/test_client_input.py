@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from typer.testing import CliRunner
@@ -33,13 +33,15 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.jobs.state import JobKey, JobState
 from choreography_ray.runtime import connection
-from choreography_ray.runtime.client import Jobs
+from choreography_ray.runtime.client import AsyncJobs, Jobs
 from choreography_ray.runtime.config import ClusterConfig
+from choreography_ray.runtime.operations import Get, ListJobs, Operation, Remove, Start, Wait
 from choreography_ray.storage import JobQuery, open_storage
 
 from .ray_jobs import FanOut, FanOutJob
 
 runner = CliRunner()
+T = TypeVar("T")
 
 DEAD_POSTGRES = "postgresql+psycopg://nobody@127.0.0.1:1/none"
 
@@ -56,24 +58,38 @@ BAD_IDS = [
 GOOD_IDS = ["0f8fa1d2c3b44e5f8a9b0c1d2e3f4a5b", "JIRA-1234", "order:42@eu west", "épreuve-№7"]
 
 
-class Offline(Jobs):
-    """A client whose every remote call fails the test, unless an answer is set."""
+class OfflineClient(AsyncJobs):
+    """A client whose every request to the cluster fails the test, unless an answer is set
+    for its type."""
 
-    def __init__(self, answers: dict[str, Any] | None = None) -> None:
+    def __init__(self, answers: dict[type[Operation[Any]], Any]) -> None:
         super().__init__("offline")
-        self.answers = answers or {}
-        self.calls: list[str] = []
+        self.answers = answers
+        self.calls: list[type[Operation[Any]]] = []
 
-    def _call(self, what: str, method: str, *args: Any, **routing: Any) -> Any:
-        if method not in self.answers:
-            raise AssertionError(f"{what} reached the cluster")
-        self.calls.append(method)
-        answer = self.answers[method]
-        return answer(*args) if callable(answer) else answer
+    async def _ask(self, operation: Operation[T], *, job_type: str | None = None) -> T:
+        kind = type(operation)
+        if kind not in self.answers:
+            raise AssertionError(f"{operation.what} reached the cluster")
+        self.calls.append(kind)
+        answer = self.answers[kind]
+        return answer(operation) if callable(answer) else answer
 
-    def _remember(self, job_type: Any, key: JobKey) -> None:
-        if "start" not in self.answers:
+    async def _remember(self, job_type: Any, key: JobKey) -> None:
+        if Start not in self.answers:
             raise AssertionError("start reached the cluster")
+
+
+class Offline(Jobs):
+    """The blocking client over an `OfflineClient`."""
+
+    def __init__(self, answers: dict[type[Operation[Any]], Any] | None = None) -> None:
+        super().__init__("offline")
+        self.aio = OfflineClient(answers or {})
+
+    @property
+    def calls(self) -> list[type[Operation[Any]]]:
+        return self.aio.calls
 
 
 def _one_line(text: str) -> str:
@@ -116,7 +132,7 @@ def test_the_async_client_refuses_a_bad_job_id_too():
 
 @pytest.mark.parametrize("job_id", GOOD_IDS)
 def test_ids_from_other_systems_are_accepted(job_id):
-    jobs = Offline({"get": lambda key, given: given, "remove": None})
+    jobs = Offline({Get: lambda op: op.job_id, Remove: None})
     assert jobs.get(job_id) == job_id
     jobs.remove(job_id)
     assert jobs.get("x" * 200) == "x" * 200
@@ -131,7 +147,7 @@ def test_a_bad_scope_is_one_line_before_any_remote_call():
 def test_a_negative_limit_is_refused_not_read_as_all():
     with pytest.raises(InvalidOptionError, match="limit: must be 0 \\(all\\) or more, got -1"):
         Offline().list(JobQuery(take=-1))
-    assert Offline({"list": []}).list(JobQuery(take=0)) == []
+    assert Offline({ListJobs: []}).list(JobQuery(take=0)) == []
 
 
 # -- waiting on a job that is not there ----------------------------------------------------------
@@ -144,7 +160,7 @@ def _state(job_id: str, status: JobStatus) -> JobState:
 
 
 def test_waiting_on_a_job_that_never_existed_is_not_found():
-    jobs = Offline({"wait": None, "get": _not_found})
+    jobs = Offline({Wait: None, Get: _not_found})
     with pytest.raises(JobNotFoundError, match="no job with id 'no-such-id'"):
         jobs.wait("no-such-id")
     with pytest.raises(JobNotFoundError):
@@ -154,7 +170,7 @@ def test_waiting_on_a_job_that_never_existed_is_not_found():
 def test_a_job_this_client_started_and_that_was_cleared_waits_to_none():
     from choreography_ray.engine.job import JobStartResult
 
-    jobs = Offline({"start": lambda *args: JobStartResult(job_id=args[-1]), "wait": None})
+    jobs = Offline({Start: lambda op: JobStartResult(job_id=op.job_id), Wait: None})
     job_id = jobs.start(FanOutJob, FanOut(steps=1))
     assert jobs.wait(job_id) is None  # finished and cleared, not unknown
     with pytest.raises(JobNotFoundError):
@@ -163,12 +179,12 @@ def test_a_job_this_client_started_and_that_was_cleared_waits_to_none():
 
 def test_a_job_cleared_while_waited_on_waits_to_none():
     answers = iter([_state("j", JobStatus.RUNNING), None])
-    jobs = Offline({"wait": lambda *args: next(answers)})
+    jobs = Offline({Wait: lambda op: next(answers)})
     assert jobs.wait("j") is None
 
 
-def _not_found(key: JobKey, job_id: str) -> Any:
-    raise JobNotFoundError(job_id)
+def _not_found(operation: Get) -> Any:
+    raise JobNotFoundError(operation.job_id)
 
 
 # -- connect's arguments and storage -------------------------------------------------------------

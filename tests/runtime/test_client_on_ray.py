@@ -3,6 +3,7 @@ connect that leaves the cluster as it was, a replaced controller host, a refused
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from choreography_ray.jobs import (
     StorageUnavailableError,
 )
 from choreography_ray.jobs.state import JobKey
+from choreography_ray.runtime.operations import Remove
 
 from .conftest import ROOT
 from .ray_jobs import FanOut, FanOutJob, kill_hosts
@@ -37,7 +39,7 @@ def jobs(ray_instance, tmp_path_factory):
 def test_an_error_on_the_host_that_is_not_ours_is_one_line(jobs):
     # Past the client's own checks, as a caller of an older client would be.
     with pytest.raises(HostError) as failed:
-        jobs._call("jobs.remove", "remove", JobKey(), "")
+        asyncio.run(jobs.aio._ask(Remove(JobKey(), "")))
     message = str(failed.value)
     assert message.startswith("jobs.remove failed on the host: ")
     assert "\n" not in message and "\x1b[" not in message

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import BaseModel
 
 from choreography_ray.jobs import InvalidRequestError, Job, default_registry
-from choreography_ray.runtime.client import Jobs
+from choreography_ray.runtime.client import AsyncJobs, Jobs
 
 
 class GaugeRequest(BaseModel):
@@ -24,7 +26,11 @@ class GaugeJob(Job[GaugeRequest], name="client-tests.gauge-job"):
 @pytest.mark.parametrize("reading", [float("nan"), float("inf")])
 def test_a_job_request_with_nan_is_refused_before_anything_is_written(monkeypatch, reading):
     touched: list[str] = []
-    monkeypatch.setattr(Jobs, "_remember", lambda self, *args: touched.append("config"))
+
+    async def remember(self: AsyncJobs, *args: object) -> None:
+        touched.append("config")
+
+    monkeypatch.setattr(AsyncJobs, "_remember", remember)
     from choreography_ray.runtime.controller_routing import ControllerRouting
 
     monkeypatch.setattr(
@@ -39,7 +45,7 @@ def test_a_client_reads_the_configuration_once_per_module_and_partition(monkeypa
     """The configuration only grows: a client that starts many jobs of one type in one
     partition reads it once, not once per start (a call to Ray's control store each)."""
     from choreography_ray.jobs.state import JobKey
-    from choreography_ray.runtime import client
+    from choreography_ray.runtime import async_client
     from choreography_ray.runtime.config import ClusterConfig
 
     reads: list[str] = []
@@ -50,12 +56,12 @@ def test_a_client_reads_the_configuration_once_per_module_and_partition(monkeypa
         reads.append(namespace)
         return config
 
-    monkeypatch.setattr(client, "require_config", read)
-    jobs = Jobs("client-tests")
+    monkeypatch.setattr(async_client, "require_config", read)
+    jobs = AsyncJobs("client-tests")
     for _ in range(3):
-        jobs._remember(GaugeJob, JobKey())
+        asyncio.run(jobs._remember(GaugeJob, JobKey()))
     assert reads == ["client-tests"]
-    jobs._remember(GaugeJob, JobKey(namespace="other"))  # another partition: read again
+    asyncio.run(jobs._remember(GaugeJob, JobKey(namespace="other")))  # another partition
     assert len(reads) == 2
 
 

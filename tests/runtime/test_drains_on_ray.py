@@ -87,14 +87,34 @@ def _finished(url: str, job_id: str, steps: int) -> Any:
     return job
 
 
+def _drain_seen(cluster: Any, node: str) -> float:
+    """When every controller host had taken the node's worker hosts out of dispatch and moved
+    their queued runs (each says so in its stats): no run may begin there after that."""
+    import ray
+
+    controllers = [n for n in cluster.host_names() if n.startswith("choreography:controller:")]
+
+    def every_one() -> bool:
+        for name in controllers:
+            stats = ray.get(
+                ray.get_actor(name, namespace=cluster.namespace).stats.remote(), timeout=30
+            )
+            if not any(host_node(w) == node for w in stats["drained_workers"]):
+                return False
+        return True
+
+    eventually(every_one, "every controller host saw the drain", 60)
+    return time.time()
+
+
 def test_a_busy_worker_node_drained_gets_no_new_step_and_loses_nothing(cluster, tmp_path):
     steps = 800
     job_id, table = _start(cluster, tmp_path, steps, 0.05)
     stored = _until(cluster.url, job_id, int(0.3 * steps))
     node = cluster.nodes("worker")[-1].node_id
     sent = drain_node(cluster.address, node, deadline=DEADLINE)
-    time.sleep(2)  # the membership watch reads the drain within `membership_interval`
-    seen = time.time()
+    seen = _drain_seen(cluster, node)
+    print(f"\nthe drain seen by every controller host {seen - sent:.2f} s after it was sent")
     _finished(cluster.url, job_id, steps)
     runs = table.runs()
     late = [run for run in runs if run.node == node and run.at > seen]

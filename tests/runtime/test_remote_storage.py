@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -51,5 +52,53 @@ def test_importing_job_modules_into_the_storage_actor_is_bounded(run) -> None:
         await until(call.done)
         with pytest.raises(StorageUnavailableError, match="import job modules within 24s"):
             await call
+
+    run(scenario())
+
+
+class _LocalActor:
+    """The storage actor, called in this process: `actor.call.remote(...)` runs its `call`."""
+
+    def __init__(self) -> None:
+        from choreography_ray.runtime.remote_storage import StorageActor
+
+        self.actor = StorageActor("memory://", [])
+        self.call = self
+        self.sent: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> Any:
+        self.sent.append(args)
+        return self.actor.call(*args)
+
+
+def test_keyword_arguments_reach_the_storage_actor(run) -> None:
+    """`count_by_status(job_id, verify=False)` (the console's, over `memory://` on a cluster)
+    once failed as an unexpected keyword: the forwarding carried positional arguments only."""
+
+    async def scenario() -> None:
+        actor = _LocalActor()
+        steps = _Forward(actor, JobKey(), "steps", Bound(4.0, FakeClock()))
+        counts = await steps.count_by_status("job", verify=False)
+        assert dict(counts) == {} and counts.unreadable == 0
+        assert actor.sent[-1][4] == {"verify": False}
+        await steps.count_for_job("job")
+        assert len(actor.sent[-1]) == 4  # no keywords: the previous release's four arguments
+
+    run(scenario())
+
+
+def test_only_what_the_storage_protocols_declare_is_forwarded(run) -> None:
+    jobs = _Forward(_LocalActor(), JobKey(), "jobs", Bound(4.0, FakeClock()))
+    assert not hasattr(jobs, "drop_everything")  # as on any store, not a call to the actor
+    assert not hasattr(jobs, "count_by_status")  # a steps method is no jobs method
+
+    async def scenario() -> None:
+        from choreography_ray.jobs.errors import InvalidOperationError
+
+        actor = _LocalActor().actor
+        with pytest.raises(InvalidOperationError, match=r"storage has no operation jobs\.provider"):
+            await actor.call(JobKey(), "jobs", "provider", ())
+        with pytest.raises(InvalidOperationError, match=r"no operation engine\.save"):
+            await actor.call(JobKey(), "engine", "save", ())
 
     run(scenario())

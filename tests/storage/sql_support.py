@@ -84,7 +84,7 @@ async def _write_raw_job(
 ) -> None:
     from sqlalchemy import insert
 
-    from choreography_ray.storage.sql_schema import jobs_table
+    from choreography_ray.storage.sql.schema import jobs_table
 
     statement = insert(jobs_table).values(
         scope=key.scope,
@@ -105,7 +105,7 @@ async def _write_raw_step(
 ) -> None:
     from sqlalchemy import insert
 
-    from choreography_ray.storage.sql_schema import steps_table
+    from choreography_ray.storage.sql.schema import steps_table
 
     statement = insert(steps_table).values(
         scope=key.scope,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from choreography_ray.jobs import JobKey, TypeRegistry
-from choreography_ray.storage import StorageProvider
+from choreography_ray.storage import StorageProvider, StorageURL
 
 POSTGRES_ENV = "CHOREOGRAPHY_TEST_POSTGRES_URL"
 MONGODB_ENV = "CHOREOGRAPHY_TEST_MONGODB_URL"
@@ -81,6 +81,21 @@ class MemorySupport:
         partition.steps.setdefault(job_id, {})[step_id] = StepRow(1, status, stage, document)
 
 
+class DefaultsSupport(MemorySupport):
+    """A provider of the user's own that writes neither `keys_with_jobs` nor
+    `get_jobs_excluding_finalized_stops`: the contract holds on the provider base's defaults."""
+
+    name = "defaults"
+
+    async def open(self, tmp_path: Path, registry: TypeRegistry) -> StorageProvider:
+        from .defaults_provider import DefaultsStorage
+
+        url = StorageURL(f"memory://contract-defaults-{uuid.uuid4().hex}")
+        provider = DefaultsStorage(url, registry=registry)
+        await provider.initialize()
+        return provider
+
+
 def supports() -> list[ProviderSupport]:
     """Every provider the contract suite runs against."""
     from .mongo_support import MongomockSupport, MongoServerSupport
@@ -88,6 +103,7 @@ def supports() -> list[ProviderSupport]:
 
     return [
         MemorySupport(),
+        DefaultsSupport(),
         SqliteSupport(),
         PostgresSupport(),
         MongomockSupport(),

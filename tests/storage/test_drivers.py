@@ -66,7 +66,9 @@ def test_sqlite_and_memory_storage_work_without_either_driver():
 
 
 def test_a_provider_that_cannot_be_imported_names_the_missing_module(monkeypatch):
-    monkeypatch.delitem(sys.modules, "choreography_ray.storage.sql", raising=False)
+    package = "choreography_ray.storage.sql"
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # a dependency, not an extra's driver
     with pytest.raises(ConfigurationError) as refused:
         open_storage("sqlite:///jobs.db")

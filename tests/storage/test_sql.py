@@ -38,9 +38,9 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.storage import JobQuery, open_storage
 from choreography_ray.storage.sql import SqlStorage
-from choreography_ray.storage.sql_engines import is_transient_error
-from choreography_ray.storage.sql_schema import INDEXES, VERSION_TABLE, metadata
-from choreography_ray.storage.sql_steps import QUICK_BATCH
+from choreography_ray.storage.sql.engines import is_transient_error
+from choreography_ray.storage.sql.schema import INDEXES, VERSION_TABLE, metadata
+from choreography_ray.storage.sql.steps import QUICK_BATCH
 
 from .sql_support import drop_schema, with_schema
 from .support import POSTGRES_ENV, env
@@ -520,7 +520,7 @@ def test_a_database_of_the_first_schema_gains_the_plan_table_and_keeps_its_jobs(
     from alembic import command
     from alembic.config import Config
 
-    from choreography_ray.storage.sql_schema import MIGRATIONS
+    from choreography_ray.storage.sql.schema import MIGRATIONS
 
     path = tmp_path / "old.db"
     provider = open_storage(f"sqlite:///{path}")
@@ -741,7 +741,7 @@ def test_the_head_revision_the_quick_check_knows_is_alembic_s_head():
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from choreography_ray.storage.sql_schema import HEAD_REVISION, MIGRATIONS
+    from choreography_ray.storage.sql.schema import HEAD_REVISION, MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

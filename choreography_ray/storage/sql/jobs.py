@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import and_, delete, func, not_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..jobs.errors import VersionConflictError
-from ..jobs.state import JobState
-from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus
-from .codec import JobLookup, check_id, check_job_key, to_micros
-from .protocols import JobQuery
-from .sql_base import SqlRecords, scalar
-from .sql_schema import jobs_table
+from ...jobs.errors import VersionConflictError
+from ...jobs.state import JobState
+from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
+from ..codec import JobLookup, check_id, check_job_key, to_micros
+from ..protocols import JobQuery
+from .base import SqlRecords, scalar
+from .schema import jobs_table
 
 _TERMINAL = tuple(sorted(int(s) for s in TERMINAL_JOB_STATUSES))
 

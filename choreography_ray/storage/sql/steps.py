@@ -8,13 +8,13 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, delete, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..jobs.errors import VersionConflictError
-from ..jobs.state import JobStepState
-from ..jobs.status import JobStepStatus
-from .codec import StepLookup, StepRecord, check_batch, check_id
-from .protocols import StepCounts
-from .sql_base import ANALYZE_AFTER, SqlRecords, scalar
-from .sql_schema import steps_table
+from ...jobs.errors import VersionConflictError
+from ...jobs.state import JobStepState
+from ...jobs.status import JobStepStatus
+from ..codec import StepLookup, StepRecord, check_batch, check_id
+from ..protocols import StepCounts
+from .base import ANALYZE_AFTER, SqlRecords, scalar
+from .schema import steps_table
 
 QUICK_BATCH = 2000
 """Batches up to this size may run inline on the event loop (SQLite), blocking it for tens of

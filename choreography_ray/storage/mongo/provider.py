@@ -34,9 +34,9 @@ one such URL share data, like `memory://`. Mongomock is not a server, so this pr
 serialises the operations on one mongomock client (a server applies each single-document write
 atomically). Data is never shared across processes there, whatever `capabilities` says.
 
-The partition's collections and indexes are in `mongo_partition`, database names in
-`mongo_names`, the document form of records in `mongo_documents`, and the record calls in
-`mongo_jobs`, `mongo_steps` and `mongo_plans`.
+The partition's collections and indexes are in `partition`, database names in `names`, the
+document form of records in `documents`, and the record calls in `jobs`, `steps` and `plans`
+(modules of this package).
 """
 
 from __future__ import annotations
@@ -59,21 +59,21 @@ from pymongo.errors import (
     WaitQueueTimeoutError,
 )
 
-from ..jobs.errors import ConfigurationError
-from ..jobs.options import JobsOptions
-from ..jobs.registry import TypeRegistry
-from ..jobs.state import JobKey
-from ..jobs.status import JobStatus
-from .mongo_documents import raw_record
-from .mongo_jobs import MongoJobStorage, excluding_finalized_stops
-from .mongo_names import database_name, prefix_of
-from .mongo_partition import JOBS, PLANS, STEPS, MongoPartition
-from .mongo_plans import MongoStepPlanStorage
-from .mongo_steps import MongoJobStepStorage
-from .protocols import JobsStorage, StorageCapabilities
-from .provider import ThreadedProvider
-from .retry import one_line
-from .url import StorageURL, redact
+from ...jobs.errors import ConfigurationError
+from ...jobs.options import JobsOptions
+from ...jobs.registry import TypeRegistry
+from ...jobs.state import JobKey
+from ...jobs.status import JobStatus
+from ..protocols import JobsStorage, StorageCapabilities
+from ..provider import ThreadedProvider
+from ..retry import one_line
+from ..url import StorageURL, redact
+from .documents import raw_record
+from .jobs import MongoJobStorage, excluding_finalized_stops
+from .names import database_name, prefix_of
+from .partition import JOBS, PLANS, STEPS, MongoPartition
+from .plans import MongoStepPlanStorage
+from .steps import MongoJobStepStorage
 
 __all__ = [
     "JOBS",
@@ -146,7 +146,10 @@ class MongoStorage(ThreadedProvider):
     """
 
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=True, atomic_batches=False, shared_across_processes=True
+        external_step_plans=True,
+        atomic_batches=False,
+        shared_across_processes=True,
+        partition_catalog=True,
     )
 
     def __init__(

@@ -1,8 +1,8 @@
 """What the SQL record calls of a partition share: the provider's units of work they run on.
 
-`SqlStorage` (sql.py) owns connections, threads and transactions; the classes of `sql_jobs`
-and `sql_steps` turn the storage protocol's calls into statements over the tables of
-`sql_schema`, through the `SqlUnits` it offers.
+`SqlStorage` (`provider`) owns connections, threads and transactions; the classes of `jobs`,
+`steps` and `plans` turn the storage protocol's calls into statements over the tables of
+`schema`, through the `SqlUnits` it offers.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from ..jobs.state import JobKey
-from .codec import RecordCodec
-from .sql_schema import Statements
+from ...jobs.state import JobKey
+from ..codec import RecordCodec
+from .schema import Statements
 
 T = TypeVar("T")
 

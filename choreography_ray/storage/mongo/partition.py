@@ -12,8 +12,8 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from ..jobs.state import JobKey
-from .codec import RecordCodec
+from ...jobs.state import JobKey
+from ..codec import RecordCodec
 
 log = logging.getLogger("choreography_ray.storage")
 

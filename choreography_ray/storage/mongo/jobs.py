@@ -10,13 +10,13 @@ from bson.int64 import Int64
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
-from ..jobs.errors import VersionConflictError
-from ..jobs.state import JobState
-from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus
-from .codec import JobLookup, check_id, check_job_key, to_micros
-from .mongo_documents import raw_record, storable, stored_version
-from .mongo_partition import MongoRecords
-from .protocols import JobQuery
+from ...jobs.errors import VersionConflictError
+from ...jobs.state import JobState
+from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
+from ..codec import JobLookup, check_id, check_job_key, to_micros
+from ..protocols import JobQuery
+from .documents import raw_record, storable, stored_version
+from .partition import MongoRecords
 
 
 def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> dict[str, Any]:

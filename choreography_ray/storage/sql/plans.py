@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 
-from ..jobs.state import PlannedStep
-from .codec import check_id
-from .sql_base import SqlRecords
-from .sql_schema import plans_table
+from ...jobs.state import PlannedStep
+from ..codec import check_id
+from .base import SqlRecords
+from .schema import plans_table
 
 PLAN_CHUNK = 1000
 """Plan entries per row."""

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
-from ..jobs.errors import ConfigurationError
-from .url import StorageURL
+from ...jobs.errors import ConfigurationError
+from ..url import StorageURL
 
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")

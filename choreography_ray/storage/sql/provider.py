@@ -17,8 +17,8 @@ statement that is a whole unit of work runs without BEGIN/COMMIT; a batch is one
 (BEGIN IMMEDIATE on SQLite, so it waits for the write lock up front, within the busy timeout).
 Each unit is retried as a whole on a transient error.
 
-The tables and statements are in `sql_schema`, the engines and transient errors in
-`sql_engines`, the partition's record calls in `sql_jobs` and `sql_steps`.
+The tables and statements are in `schema`, the engines and transient errors in `engines`,
+the partition's record calls in `jobs`, `steps` and `plans` (modules of this package).
 
 URL options (query parameters, removed before the URL reaches the driver):
 
@@ -46,20 +46,20 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from ..jobs.errors import ConfigurationError
-from ..jobs.options import JobsOptions
-from ..jobs.registry import TypeRegistry
-from ..jobs.state import JobKey
-from ..jobs.status import JobStatus
-from .protocols import JobsStorage, StorageCapabilities
-from .provider import ThreadedProvider
-from .sql_base import ANALYZE_AFTER
-from .sql_engines import is_transient_error, postgres_engine, sqlite_engines
-from .sql_jobs import SqlJobStorage, excluding_finalized_stops
-from .sql_plans import SqlStepPlanStorage
-from .sql_schema import HEAD_REVISION, MIGRATIONS, VERSION_TABLE, Statements, jobs_table
-from .sql_steps import SqlJobStepStorage
-from .url import StorageURL
+from ...jobs.errors import ConfigurationError
+from ...jobs.options import JobsOptions
+from ...jobs.registry import TypeRegistry
+from ...jobs.state import JobKey
+from ...jobs.status import JobStatus
+from ..protocols import JobsStorage, StorageCapabilities
+from ..provider import ThreadedProvider
+from ..url import StorageURL
+from .base import ANALYZE_AFTER
+from .engines import is_transient_error, postgres_engine, sqlite_engines
+from .jobs import SqlJobStorage, excluding_finalized_stops
+from .plans import SqlStepPlanStorage
+from .schema import HEAD_REVISION, MIGRATIONS, VERSION_TABLE, Statements, jobs_table
+from .steps import SqlJobStepStorage
 
 _INLINE_RETRIES = (0.001, 0.002, 0.004, 0.008)
 """Pauses between inline attempts that found the SQLite write lock taken; then the thread."""
@@ -85,7 +85,10 @@ class SqlStorage(ThreadedProvider):
     """Jobs and steps in SQLite or PostgreSQL, through SQLAlchemy Core."""
 
     capabilities: ClassVar[StorageCapabilities] = StorageCapabilities(
-        external_step_plans=True, atomic_batches=True, shared_across_processes=True
+        external_step_plans=True,
+        atomic_batches=True,
+        shared_across_processes=True,
+        partition_catalog=True,
     )
 
     def __init__(

@@ -6,9 +6,9 @@ import hashlib
 import re
 from urllib.parse import unquote, urlsplit
 
-from ..jobs.errors import ConfigurationError
-from ..jobs.state import DEFAULT_NAMESPACE, JobKey
-from .url import StorageURL
+from ...jobs.errors import ConfigurationError
+from ...jobs.state import DEFAULT_NAMESPACE, JobKey
+from ..url import StorageURL
 
 DEFAULT_PREFIX = "choreography"
 MAX_DATABASE_NAME_BYTES = 63

@@ -10,13 +10,13 @@ from bson.int64 import Int64
 from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
 
-from ..jobs.errors import VersionConflictError
-from ..jobs.state import JobStepState
-from ..jobs.status import JobStepStatus
-from .codec import StepLookup, StepRecord, check_batch, check_id
-from .mongo_documents import raw_record, step_key, storable, stored_version
-from .mongo_partition import DUPLICATE_KEY, PLAN_BATCH, MongoRecords
-from .protocols import StepCounts
+from ...jobs.errors import VersionConflictError
+from ...jobs.state import JobStepState
+from ...jobs.status import JobStepStatus
+from ..codec import StepLookup, StepRecord, check_batch, check_id
+from ..protocols import StepCounts
+from .documents import raw_record, step_key, storable, stored_version
+from .partition import DUPLICATE_KEY, PLAN_BATCH, MongoRecords
 
 
 class MongoJobStepStorage(StepLookup, MongoRecords):

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from pymongo import ASCENDING
 
-from ..jobs.state import PlannedStep
-from .codec import check_id
-from .mongo_documents import raw_record, storable
-from .mongo_partition import PLAN_BATCH, MongoRecords
+from ...jobs.state import PlannedStep
+from ..codec import check_id
+from .documents import raw_record, storable
+from .partition import PLAN_BATCH, MongoRecords
 
 
 class MongoStepPlanStorage(MongoRecords):

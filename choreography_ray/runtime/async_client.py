@@ -1,0 +1,310 @@
+"""The client as coroutines (`AsyncJobs`, `jobs.aio`): what `Jobs` runs, and what async
+drivers await.
+
+Each call checks its arguments, builds one typed request (`operations`) and awaits the
+controller host's answer: Ray's object references are awaitable, so no thread waits on a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from typing import Any, TypeVar
+
+import ray
+from pydantic import BaseModel
+
+from ..engine.job import JobStartResult
+from ..jobs.errors import (
+    DrainOutcome,
+    JobNotFoundError,
+    ResumeJobSuccess,
+    StartJobError,
+    StartJobFailed,
+)
+from ..jobs.job import Job
+from ..jobs.registry import default_registry
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
+from ..recovery.explicit import RehydrationSummary, check_timeout
+from ..storage.protocols import JobQuery, StepCounts
+from .arguments import check_job_id, check_query, job_key
+from .config import merge, require_config, write_config
+from .constants import NAMESPACE
+from .controller_routing import ControllerRouting
+from .directory import actor_names
+from .operations import (
+    CountSteps,
+    Drain,
+    Get,
+    ListJobs,
+    Operation,
+    Rehydrate,
+    Remove,
+    Resume,
+    Start,
+    Stop,
+    Wait,
+)
+from .packages import runtime_packages
+from .remote import is_host_gone, project_error
+from .wire import send
+
+T = TypeVar("T")
+
+_WAIT_CHUNK = 10.0
+"""Seconds one call of `wait` may be held by the controller host before it asks again."""
+
+_STARTED_MEMORY = 10_000
+"""How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
+
+
+class AsyncJobs:
+    """Start, watch, stop, resume and remove jobs, as coroutines: the client itself."""
+
+    def __init__(self, namespace: str = NAMESPACE) -> None:
+        self.namespace = namespace
+        self._routing = ControllerRouting(namespace)
+        self._started: OrderedDict[tuple[JobKey, str], None] = OrderedDict()
+        self._remembered: set[tuple[str, JobKey]] = set()
+        """(module, partition) pairs the cluster's configuration is known to hold: the
+        configuration only grows, so a start of a known pair does not read it again."""
+
+    # -- routing --------------------------------------------------------------------------------
+
+    async def _ask(self, operation: Operation[T], *, job_type: str | None = None) -> T:
+        """Have the controller host (one that runs `job_type`, when given) perform
+        `operation`; once more on the host that runs now when the one this client knew died or
+        was replaced (every request is keyed by a job id or reads, so asking again is safe)."""
+        for attempt in (1, 2):
+            routing = self._routing
+            handle = routing.controller() if job_type is None else routing.controller_for(job_type)
+            try:
+                return await send(handle, operation)
+            except ray.exceptions.RayError as error:
+                if not is_host_gone(error):
+                    raise project_error(error, operation.what) from None
+                self._routing.forget()
+                if attempt == 2:
+                    raise project_error(error, operation.what) from None
+        raise AssertionError("unreachable")
+
+    async def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
+        """Make every host know the job's module and recover the job's partition."""
+        module = job_type.__module__
+        if (module, key) in self._remembered:
+            return
+        config = require_config(self.namespace)
+        modules = [] if module == "__main__" else [module]
+        updated = merge(config, modules=modules, keys=[key], packages=runtime_packages())
+        if updated is not config:
+            write_config(updated, self.namespace)
+            hosts = [
+                ray.get_actor(name, namespace=self.namespace)
+                for name in actor_names(self.namespace)
+            ]
+            try:
+                await asyncio.gather(*(h.refresh.remote() for h in hosts))
+            except ray.exceptions.RayError as error:
+                raise project_error(error, "refreshing the hosts") from None
+        self._remembered.add((module, key))
+
+    # -- operations -----------------------------------------------------------------------------
+
+    async def start(
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel,
+        *,
+        job_id: str | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> str:
+        """Start a job; returns its id once the job is durable (and its steps dispatched,
+        unless the job starts them in the background). With `job_id`, starting again returns
+        that job instead of a second one.
+
+        Without `job_id` the client names the job itself, so that asking a replaced controller
+        host again cannot start a second job."""
+        key = job_key(scope, namespace)
+        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        payload = default_registry.dump_request(request)
+        await self._remember(job_type, key)
+        operation = Start(key, job_type.name, payload, job_id)
+        started = _started(await self._ask(operation, job_type=job_type.name))
+        self._started[(key, started)] = None
+        if len(self._started) > _STARTED_MEMORY:
+            self._started.popitem(last=False)
+        return started
+
+    async def get(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> JobState:
+        return await self._ask(Get(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def step_counts(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> StepCounts:
+        """The job's step records per status as storage holds them, with the records that
+        cannot be read counted apart (`.unreadable`): a job with any is never resumed."""
+        return await self._ask(CountSteps(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def find(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> JobState | None:
+        try:
+            return await self.get(job_id, scope=scope, namespace=namespace)
+        except JobNotFoundError:
+            return None
+
+    async def list(
+        self,
+        query: JobQuery | None = None,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> list[JobState]:
+        key = job_key(scope, namespace)
+        return await self._ask(ListJobs(key, check_query(query or JobQuery())))
+
+    async def stop(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
+        await self._ask(Stop(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def drain(
+        self,
+        job_id: str,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109 - the API's, as on Jobs; it bounds the host
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> DrainOutcome:
+        """Stop the job and wait, up to `timeout` seconds, until every step that could still
+        run has stopped, persisted its outcome and answered. `.result` is DRAINED only then
+        (and `on_stopped` has run); TIMED_OUT names the steps that did not answer in
+        `.not_drained`. The job cannot be resumed until its drain is complete."""
+        key = job_key(scope, namespace)
+        within = check_timeout(timeout)
+        return await self._ask(Drain(key, check_job_id(job_id), within))
+
+    async def resume(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> ResumeJobSuccess:
+        return await self._ask(Resume(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def remove(
+        self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
+        await self._ask(Remove(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def rehydrate(
+        self,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout: float = 60.0,  # noqa: ASYNC109 - the API's, as on Jobs; it bounds the host
+    ) -> RehydrationSummary:
+        """Resume the partition's interrupted jobs and finish its unfinished stops now, as
+        after a restart; what the pass did once its jobs resumed, or, after `timeout` seconds,
+        that it is still under way (the jobs keep resuming in the background)."""
+        key = job_key(scope, namespace)
+        return await self._ask(Rehydrate(key, check_timeout(timeout)))
+
+    def _gone(self, key: JobKey, job_id: str) -> None:
+        """A job found nowhere when a wait began: cleared, if this client started it; else it
+        never existed here (or was removed before anyone asked), which is an error."""
+        if (key, job_id) not in self._started:
+            raise JobNotFoundError(job_id)
+
+    async def events(
+        self,
+        job_id: str,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        interval: float = 0.25,
+    ) -> AsyncGenerator[JobState, None]:
+        """The job's state each time its progress or status changes, until it is finished
+        (terminal, or stopped for good); a job that is cleared ends the iteration. Raises
+        JobNotFoundError for a job that is not there when the iteration begins (unless this
+        client started it)."""
+        key = job_key(scope, namespace)
+        check_job_id(job_id)
+        last: tuple[Any, ...] | None = None
+        while True:
+            state = await self.find(job_id, scope=scope, namespace=namespace)
+            if state is None:
+                if last is None:
+                    self._gone(key, job_id)
+                return
+            mark = (state.status, state.progress.model_dump_json())
+            if mark != last:
+                last = mark
+                yield state
+            if state.is_finished:
+                return
+            await asyncio.sleep(interval)
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the API's, as on Jobs
+        progress: bool = False,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        interval: float = 0.25,
+    ) -> JobState | None:
+        """Wait until the job is finished and return its last state, or None when the job was
+        cleared (removed, or completed without keeping its state). `progress=True` shows a live
+        progress bar, refreshed every `interval` seconds. Raises TimeoutError after `timeout`
+        seconds, and JobNotFoundError for a job that is not there when the wait begins (unless
+        this client started it: then it was cleared).
+
+        The controller host holds each call until the job finishes (or the chunk of time
+        passes), so the wait ends as the job does, without polling it."""
+        from .progress import ProgressBar
+
+        key = job_key(scope, namespace)
+        check_job_id(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = False
+        with ProgressBar(enabled=progress) as bar:
+            while True:
+                chunk = interval if progress else _WAIT_CHUNK
+                if deadline is not None:
+                    chunk = max(0.0, min(chunk, deadline - time.monotonic()))
+                state = await self._ask(Wait(key, job_id, chunk))
+                if state is None:
+                    if not seen:
+                        self._gone(key, job_id)
+                    return None
+                seen = True
+                bar.update(state)
+                if state.is_finished:
+                    return state
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+
+
+def _started(result: JobStartResult) -> str:
+    """The id of the started job, or the refusal as an exception. A job started before under
+    the same id (the caller's, or the client's own asked again of a replaced host) is that job,
+    not a second one."""
+    if result.succeeded:
+        return result.job_id
+    if result.error in (
+        StartJobError.ALREADY_BEEN_PREPARED,
+        StartJobError.ALREADY_COMPLETED,
+    ):
+        return result.job_id  # the same id again: that job, not a second one
+    name = result.error.name if result.error is not None else "UNKNOWN"
+    detail = f": {result.reason}" if result.reason else ""
+    error = StartJobFailed(
+        f"job {result.job_id} did not start cleanly ({name}){detail}", code=result.error
+    )
+    error.job_id = result.job_id  # type: ignore[attr-defined]
+    raise error

@@ -1,0 +1,32 @@
+"""A provider of the user's own that leaves both recovery reads to the base's defaults.
+
+It keeps its records as memory storage does, but its job storage subclasses `JobStorage`
+without writing `get_jobs_excluding_finalized_stops`, and the provider writes no
+`keys_with_jobs` and claims no partition catalog: what a custom provider that predates those
+methods looks like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+from choreography_ray.jobs import JobKey
+from choreography_ray.storage import JobsStorage, JobStorage, StorageCapabilities, StorageProvider
+from choreography_ray.storage.memory import MemoryJobStorage, MemoryStorage
+
+
+class DefaultsJobStorage(MemoryJobStorage, JobStorage):
+    get_jobs_excluding_finalized_stops = JobStorage.get_jobs_excluding_finalized_stops
+
+
+class DefaultsStorage(MemoryStorage):
+    capabilities: ClassVar[StorageCapabilities] = replace(
+        MemoryStorage.capabilities, partition_catalog=False
+    )
+    keys_with_jobs = StorageProvider.keys_with_jobs
+
+    def _open_partition(self, key: JobKey) -> JobsStorage:
+        opened = super()._open_partition(key)
+        jobs = DefaultsJobStorage(key, self.store.partition(key), self.store.lock, self.codec)
+        return replace(opened, jobs=jobs)
