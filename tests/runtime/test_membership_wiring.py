@@ -19,6 +19,7 @@ from choreography_ray.runtime.config import ClusterConfig
 from choreography_ray.runtime.constants import controller_name, host_node, worker_name
 from choreography_ray.runtime.controller_recovery import ControllerRecovery
 from choreography_ray.runtime.membership import ControllerParticipant
+from choreography_ray.storage.protocols import StorageCapabilities
 
 
 def test_a_host_name_gives_its_node() -> None:
@@ -115,6 +116,13 @@ class _Manager:
 
 class _Storage:
     """A storage catalog that fails its first listing."""
+
+    capabilities = StorageCapabilities(
+        external_step_plans=False,
+        atomic_batches=False,
+        shared_across_processes=False,
+        partition_catalog=True,
+    )
 
     def __init__(self, key: JobKey) -> None:
         self.key = key
