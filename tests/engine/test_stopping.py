@@ -414,27 +414,31 @@ def test_a_drain_counts_a_step_as_drained_only_by_its_own_answer(
     assert script.hooks.count("on_stopped") == 1
 
 
-def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run, script):
-    """A drain whose write fails answers CouldNotPersistStop and leaves the job as it was."""
+async def _stopped_as_the_write_fails(script: Any, stop: Any) -> tuple[Any, Any, Any]:
+    """A one-step job stopped by `stop(manager, job_id)` as its write fails: the answer's
+    code, the job as stored then, and the job once its step was let finish."""
     faults = WriteFaults()
     cluster = InProcessCluster(wrap_storage=faults.wrap)
     script.behaviour["a"].block = True
+    async with cluster:
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        faults.fail_at = {faults.writes + 1}
+        with pytest.raises(StopJobFailed) as refused:
+            await stop(cluster.manager(), result.job_id)
+        stored = await cluster.storage().jobs.get(result.job_id)
+        script.release("a")
+        return refused.value.code, stored, await cluster.wait(result.job_id)
 
-    async def scenario():
-        async with cluster:
-            result = await cluster.start(ScenarioJob, request("a"))
-            await cluster.settle()
-            faults.fail_at = {faults.writes + 1}
-            with pytest.raises(StopJobFailed) as refused:
-                await cluster.manager().drain(result.job_id, within=5)
-            stored = await cluster.storage().jobs.get(result.job_id)
-            script.release("a")
-            await cluster.settle()
-            return refused.value.code, stored
 
-    code, stored = run(scenario())
+def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run, script):
+    """A drain whose write fails answers CouldNotPersistStop and leaves the job as it was."""
+    code, stored, done = run(
+        _stopped_as_the_write_fails(script, lambda manager, job_id: manager.drain(job_id, 5))
+    )
     assert code == StopJobError.COULD_NOT_PERSIST_STOP
     assert stored.status == JobStatus.RUNNING and not stored.pending_drain
+    assert done.status == JobStatus.COMPLETED_SUCCESSFULLY
 
 
 def test_a_stop_whose_write_fails_answers_could_not_persist_stop_and_leaves_the_job_running(
@@ -442,22 +446,9 @@ def test_a_stop_whose_write_fails_answers_could_not_persist_stop_and_leaves_the_
 ):
     """The recovery seed: `Job.Stop` answers CouldNotPersistStop when the stop could not be
     written, and leaves the job as it was: its step runs on and the job completes."""
-    faults = WriteFaults()
-    cluster = InProcessCluster(wrap_storage=faults.wrap)
-    script.behaviour["a"].block = True
-
-    async def scenario():
-        async with cluster:
-            result = await cluster.start(ScenarioJob, request("a"))
-            await cluster.settle()
-            faults.fail_at = {faults.writes + 1}
-            with pytest.raises(StopJobFailed) as refused:
-                await cluster.manager().stop(result.job_id)
-            stored = await cluster.storage().jobs.get(result.job_id)
-            script.release("a")
-            return refused.value.code, stored, await cluster.wait(result.job_id)
-
-    code, stored, done = run(scenario())
+    code, stored, done = run(
+        _stopped_as_the_write_fails(script, lambda manager, job_id: manager.stop(job_id))
+    )
     assert code == StopJobError.COULD_NOT_PERSIST_STOP
     assert stored.status == JobStatus.RUNNING and not stored.stop_finalized
     assert done.status == JobStatus.COMPLETED_SUCCESSFULLY
