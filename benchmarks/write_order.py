@@ -185,7 +185,7 @@ async def _scenario(
 
 
 def _snapshot(counts: Counts, worker: Any) -> Counts:
-    stats = worker.write_stats()
+    stats = worker.writers.stats()
     return Counts(
         storage=Counter(counts.storage),
         flush_seconds=list(counts.flush_seconds),
@@ -197,7 +197,7 @@ def _snapshot(counts: Counts, worker: Any) -> Counts:
 
 
 def _since(before: Counts, now: Counts, worker: Any) -> Counts:
-    stats = worker.write_stats()
+    stats = worker.writers.stats()
     storage = Counter(now.storage)
     storage.subtract(before.storage)
     return Counts(

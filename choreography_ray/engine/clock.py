@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -86,3 +86,13 @@ async def settle(rounds: int = 20) -> None:
     """Let every task that is ready run, several loop turns deep."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+async def until_done(deadline: asyncio.Future[None], tasks: Callable[[], Iterable[Any]]) -> None:
+    """Wait until none of `tasks()` (asked again as they end) is left running, or until
+    `deadline` (a sleep on a clock) is done."""
+    while not deadline.done():
+        waiting = {task for task in tasks() if not task.done()}
+        if not waiting:
+            return
+        await asyncio.wait({*waiting, deadline}, return_when=asyncio.FIRST_COMPLETED)

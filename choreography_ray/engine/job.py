@@ -311,12 +311,20 @@ class JobActivation:
         ):
             self.deliver(reports)
             return
+        record = self._record
         try:
-            if self._record.released:
-                return
-            failed = await self._handle(reports)
+            if record.released and not record.release_reason:
+                return  # cleared (or handed over): nothing left to report here
+            failed = None if record.released else await self._handle(reports)
         finally:
             turn.release()
+        if record.released and record.release_reason:
+            # The stop was not stored (a write failed): the step keeps its record and
+            # reports again, to the job's next activation.
+            raise RemoveJobFailed(
+                f"job {self.id}: its activation let go ({record.release_reason}); report again",
+                code=RemoveJobError.UNKNOWN,
+            )
         if failed is not None:
             raise RemoveJobFailed(
                 f"job {self.id}: finishing the removal failed ({failed}); report again",

@@ -16,6 +16,7 @@ from ..jobs.options import JobsOptions
 from ..jobs.retry import Backoff
 from ..jobs.state import JobKey
 from ..jobs.status import JobStepStatus
+from ..storage.protocols import JobsStorage
 from .clock import Clock
 from .messages import StepReport
 from .ports import JobReporter
@@ -35,12 +36,15 @@ class Outbox:
         options: JobsOptions,
         clock: Clock,
         closed: Callable[[], bool],
+        storage_for: Callable[[JobKey], JobsStorage] | None = None,
     ) -> None:
-        """`closed` says whether the worker shuts down: delivery then stops retrying."""
+        """`closed` says whether the worker shuts down: delivery then stops retrying.
+        `storage_for` gives the step storage where a removed step's record is deleted."""
         self.reporter = reporter
         self.options = options
         self.clock = clock
         self._closed = closed
+        self._storage_for = storage_for
         self._reports: dict[tuple[JobKey, str], list[StepReport]] = {}
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -90,7 +94,6 @@ class Outbox:
             attempt += 1
             try:
                 await self.reporter.report(key, job_id, reports)
-                return
             except Exception as error:
                 if attempt == limit:
                     log.warning(
@@ -108,3 +111,20 @@ class Outbox:
                     await self.clock.sleep(delay)
                 finally:
                     self._backing_off -= 1
+            else:
+                await self._delivered(key, job_id, reports)
+                return
+
+    async def _delivered(self, job_key: JobKey, job_id: str, reports: list[StepReport]) -> None:
+        """The job accepted these reports: a step being removed deletes its own record now
+        that its job stored its stop (the recovery seed). Until then the record stays and the
+        stop is reported again; the job deletes whatever is left once it is cleared."""
+        removed = [r.step_id for r in reports if r.status == JobStepStatus.REMOVING]
+        if not removed or self._storage_for is None:
+            return
+        steps = self._storage_for(job_key).steps
+        for step_id in removed:
+            try:
+                await steps.remove(job_id, step_id)
+            except Exception as error:  # the job's clearing deletes it
+                log.warning("step %s of job %s kept its record: %s", step_id, job_id, error)

@@ -12,7 +12,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -34,8 +34,8 @@ log = logging.getLogger("choreography_ray.engine")
 _DONE = JobStepProgress(percentage=100.0, message="")
 
 
-class StepRun(StepContext):
-    """One run of one step, and the context its work sees."""
+class StepRun:
+    """One run of one step; its work sees it only through `context` (`StepContext`)."""
 
     def __init__(
         self,
@@ -74,6 +74,8 @@ class StepRun(StepContext):
         self._report: StepReport | None = None
         self.persisted: StepReport | None = None
         """The outcome, once written: what a stop that waits for the run answers."""
+        self.context = StepContext(self)
+        """What the step's work is given: the run's callbacks, none of its internals."""
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -146,6 +148,16 @@ class StepRun(StepContext):
         if now - lease.heartbeat >= timeout / 3:
             self._set(lease=lease.model_copy(update={"heartbeat": now}))
 
+    def called_back(self, kind: str, value: Any) -> bool:
+        """A call from this run's work running elsewhere (a Ray task), on the loop: a
+        checkpoint or progress, applied at once, or only whether the run was asked to stop."""
+        self._check_open()
+        if kind == "checkpoint":
+            self._checkpoint(value)
+        elif kind == "progress":
+            self._progress(*value)
+        return self.cancelled
+
     def progress(self, percentage: float, message: str = "") -> None:
         self.worker.call_soon(self._progress, percentage, message)
 
@@ -164,7 +176,7 @@ class StepRun(StepContext):
             self._cancel = asyncio.Event()
         await self._cancel.wait()
 
-    def now(self):  # type: ignore[no-untyped-def]
+    def now(self) -> datetime:
         return self.worker.clock.now()
 
     # -- the run ----------------------------------------------------------------------------
@@ -288,7 +300,7 @@ class StepRun(StepContext):
             if self.step_class.is_async():
                 self.runner = asyncio.current_task()
                 try:
-                    result = await step.perform(self._user_state, self)
+                    result = await step.perform(self._user_state, self.context)
                 finally:
                     self.runner = None
             else:

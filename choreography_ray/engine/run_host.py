@@ -39,6 +39,23 @@ class CallbackRejected(ChoreographyError):
     """Raised when step work calls back (checkpoint, progress) into a run that is over."""
 
 
+class RunKey(NamedTuple):
+    job_key: JobKey
+    job_id: str
+    step_id: str
+
+
+class SyncRun(Protocol):
+    """What a synchronous runner needs of the run it performs (`run.StepRun`)."""
+
+    key: RunKey
+    attempt: int
+    context: StepContext
+    """What the step's work is given."""
+    cancel_work: Callable[[], None] | None
+    """Set by a runner whose work runs elsewhere, to cancel it there."""
+
+
 class SyncRunner(Protocol):
     """Runs a synchronous `perform` off the event loop: `SyncStepRunner` in threads here, a Ray
     task pinned to the host's node on Ray."""
@@ -47,7 +64,7 @@ class SyncRunner(Protocol):
     """Runs performing now."""
 
     async def run(
-        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
+        self, step: JobStep[Any, Any, Any], state: BaseModel | None, run: SyncRun
     ) -> Any: ...
 
     def close(self) -> None:
@@ -61,13 +78,11 @@ class SyncStepRunner:
         self._executor = executor or ThreadPoolExecutor(thread_name_prefix="choreography-step")
         self.in_flight = 0
 
-    async def run(
-        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
-    ) -> Any:
+    async def run(self, step: JobStep[Any, Any, Any], state: BaseModel | None, run: SyncRun) -> Any:
         self.in_flight += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._executor, step.perform, state, ctx
+                self._executor, step.perform, state, run.context
             )
         finally:
             self.in_flight -= 1
@@ -75,12 +90,6 @@ class SyncStepRunner:
     def close(self) -> None:
         if isinstance(self._executor, ThreadPoolExecutor):
             self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-class RunKey(NamedTuple):
-    job_key: JobKey
-    job_id: str
-    step_id: str
 
 
 class RunHost(Protocol):
@@ -115,6 +124,23 @@ class RunHost(Protocol):
 
     def release(self, run: Any) -> None:
         """The run has ended: forget it."""
+
+
+def call_on(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., None], *args: Any) -> None:
+    """Call `fn` on `loop`: at once from that loop (or before there is one), else from another
+    thread (a synchronous step's), waiting for it to run there."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or running is loop:
+        fn(*args)
+        return
+    asyncio.run_coroutine_threadsafe(_call(fn, *args), loop).result()
+
+
+async def _call(fn: Callable[..., None], *args: Any) -> None:
+    fn(*args)
 
 
 def payload_tuple(payload: Payload | None) -> tuple[str, Any] | None:

@@ -56,27 +56,14 @@ class Stopping:
         """Why the last finish of a removal failed; None once it succeeded."""
 
     async def stop(self) -> None:
-        record = self.record
-        state = record.state
-        status = state.status
+        status = self.record.state.status
         if status.is_terminal:
             raise StopJobFailed("the job has completed", code=StopJobError.JOB_IS_COMPLETED)
         if status not in RUNNING_JOB_STATUSES:
             raise StopJobFailed(
                 f"the job is {status.name}, not running", code=StopJobError.JOB_IS_NOT_RUNNING
             )
-        previous = (state.status, state.status_changes, state.stop_finalized)
-        record.change(JobStatus.STOPPED)
-        state.stop_finalized = False
-        try:
-            await record.save()
-        except Exception as error:
-            state.status, state.status_changes, state.stop_finalized = previous
-            record.release(f"could not persist the stop: {error}")
-            raise StopJobFailed(
-                f"the stop could not be written: {error}",
-                code=StopJobError.COULD_NOT_PERSIST_STOP,
-            ) from error
+        await self._persist(JobStatus.STOPPED)
         await self._stop_steps(removing=False)
 
     async def remove(self) -> None:
@@ -100,15 +87,33 @@ class Stopping:
                 "the job is already being removed",
                 code=RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED,
             )
-        record.change(JobStatus.REMOVING)
-        record.state.stop_finalized = False
+        await self._persist(JobStatus.REMOVING)
+        await self._stop_steps(removing=True)
+
+    async def _persist(self, status: JobStatus) -> None:
+        """Write `status` (Stopped or Removing) before any step hears of it. A write that
+        fails leaves the job as it was: its status is restored and the activation lets go,
+        so the next call reads storage again; the caller is answered COULD_NOT_PERSIST_STOP
+        (a stop) or UNKNOWN (a removal, the seed's only code for it)."""
+        record = self.record
+        state = record.state
+        previous = (state.status, state.status_changes, state.stop_finalized)
+        record.change(status)
+        state.stop_finalized = False
         try:
             await record.save()
         except Exception as error:
-            raise RemoveJobFailed(
-                f"the removal could not be written: {error}", code=RemoveJobError.UNKNOWN
+            state.status, state.status_changes, state.stop_finalized = previous
+            record.info.status = previous[0]
+            record.release(f"could not persist {status.name}: {error}")
+            if status == JobStatus.REMOVING:
+                raise RemoveJobFailed(
+                    f"the removal could not be written: {error}", code=RemoveJobError.UNKNOWN
+                ) from error
+            raise StopJobFailed(
+                f"the stop could not be written: {error}",
+                code=StopJobError.COULD_NOT_PERSIST_STOP,
             ) from error
-        await self._stop_steps(removing=True)
 
     async def finish_stop(self) -> None:
         """Finish a stop or removal that an earlier activation could not (after a crash)."""

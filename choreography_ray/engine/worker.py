@@ -23,7 +23,7 @@ from ..jobs.registry import TypeKind, TypeRegistry
 from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
-from .clock import Clock
+from .clock import Clock, until_done
 from .messages import (
     SettledStops,
     StartOutcome,
@@ -36,13 +36,21 @@ from .messages import (
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
 from .run import StepRun
-from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner
+from .run_host import (
+    CallbackRejected,
+    RunKey,
+    StepMetrics,
+    SyncRunner,
+    SyncStepRunner,
+    call_on,
+)
 from .run_queue import RunQueue
 from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, StepWriters, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
+_UNKNOWN = StartJobStepError.UNKNOWN
 _TURN_SECONDS = 0.0005
 """How long a runner performs runs back to back before it lets the loop's other work in."""
 
@@ -91,7 +99,7 @@ class StepWorker:
             on_stale=self._stale,
             on_free=self._writers_free,
         )
-        self.outbox = Outbox(reporter, options, clock, lambda: self.closed)
+        self.outbox = Outbox(reporter, options, clock, lambda: self.closed, storage_for)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
         self.closed = False
@@ -117,33 +125,18 @@ class StepWorker:
 
     def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         """Run a context callback on the worker's loop, from its thread or a step's thread."""
-        loop = self._loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is None or running is loop:
-            fn(*args)
-            return
-        future = asyncio.run_coroutine_threadsafe(_call(fn, *args), loop)
-        future.result()
+        call_on(self._loop, fn, *args)
 
     def callback(self, job_key: JobKey, job_id: str, step_id: str, kind: str, value: Any) -> bool:
         """A call from step work running elsewhere (a Ray task): checkpoint, progress, or
         whether the run was asked to stop. Refused (`CallbackRejected`) once the run is over."""
         run = self._runs.get(RunKey(job_key, job_id, step_id))
-        if run is None or run.closed:
-            why = ActivationCallbackRejected.CLOSED if run else ActivationCallbackRejected.NO_RUN
-            raise CallbackRejected(f"step {step_id} of job {job_id}: the run is over", code=why)
-        if kind == "checkpoint":
-            run.checkpoint(value)  # on the loop: applied at once
-        elif kind == "progress":
-            run.progress(*value)
-        return run.cancelled
-
-    def write_stats(self) -> dict[str, int]:
-        """Step records this worker wrote, and in how many batches."""
-        return self.writers.stats()
+        if run is None:
+            raise CallbackRejected(
+                f"step {step_id} of job {job_id}: the run is over",
+                code=ActivationCallbackRejected.NO_RUN,
+            )
+        return run.called_back(kind, value)
 
     @property
     def active_runs(self) -> int:
@@ -175,7 +168,8 @@ class StepWorker:
     ) -> list[StartResult]:
         self._loop = asyncio.get_running_loop()
         if self.closed:
-            return [_failed(s.step_id, "the worker is shutting down") for s in starts]
+            why = "the worker is shutting down"
+            return [StartResult(s.step_id, StartOutcome.FAILED, _UNKNOWN, why) for s in starts]
         stored = {
             start.step_id: prepared_record(job_id, start.step_id, start.prepared)
             for start in starts
@@ -252,9 +246,7 @@ class StepWorker:
         try:
             step_class = self.registry.resolve(state.type, TypeKind.STEP)
         except ChoreographyError as error:
-            return StartResult(
-                start.step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, str(error)
-            )
+            return StartResult(start.step_id, StartOutcome.FAILED, _UNKNOWN, str(error))
         record = Tracked(state)
         run = StepRun(self, key, record, step_class, start)
         run.urgent = start.urgent
@@ -394,14 +386,11 @@ class StepWorker:
             and run.generation <= request.generation
         ]
         await self.stop_steps(request)
-        waiting = [run.done for run in runs]
-        if waiting:
-            everything = asyncio.gather(*(asyncio.shield(done) for done in waiting))
-            deadline = asyncio.ensure_future(self.clock.sleep(timeout))
-            try:
-                await asyncio.wait((everything, deadline), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                deadline.cancel()
+        deadline = asyncio.ensure_future(self.clock.sleep(timeout))
+        try:
+            await until_done(deadline, lambda: [run.done for run in runs])
+        finally:
+            deadline.cancel()
         answer = SettledStops()
         for run in runs:
             if run.persisted is not None:
@@ -428,8 +417,26 @@ class StepWorker:
 
     # -- shutting down --------------------------------------------------------------------
 
+    async def deactivate(self, within: float) -> None:
+        """Shut down gracefully (the seed's deactivation): cancel every run and wait, up to
+        `within` seconds in all, for its work and callbacks to end and for the writes under way
+        to land, then close. Nothing settled meanwhile is written or reported: the steps stay
+        Scheduled or Running for recovery."""
+        self.closed = True
+        self._queue.clear()
+        for run in list(self._runs.values()):
+            run.cancel(removing=False)
+        deadline = asyncio.ensure_future(self.clock.sleep(within))
+        try:
+            await until_done(deadline, lambda: self._tasks)  # the runs, and their work
+            await until_done(deadline, self.writers.flushing)  # then what they gave to write
+        finally:
+            deadline.cancel()
+        await self.close()
+
     async def close(self) -> None:
-        """Deactivate: cancel every run without writing or reporting anything more."""
+        """Deactivate at once (the host dies): cancel every run, wait for nothing, write and
+        report nothing more."""
         self.closed = True
         self._queue.clear()
         self.writers.close()
@@ -439,11 +446,3 @@ class StepWorker:
                 run.runner.cancel()
         self._runs.clear()
         self.sync_runner.close()
-
-
-async def _call(fn: Callable[..., None], *args: Any) -> None:
-    fn(*args)
-
-
-def _failed(step_id: str, reason: str) -> StartResult:
-    return StartResult(step_id, StartOutcome.FAILED, StartJobStepError.UNKNOWN, reason)

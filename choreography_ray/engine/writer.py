@@ -110,6 +110,12 @@ class StepWriter:
         if (self._task is None or self._task.done()) and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
 
+    @property
+    def flush(self) -> asyncio.Task[None] | None:
+        """The flush under way, if any."""
+        task = self._task
+        return task if task is not None and not task.done() else None
+
     def close(self) -> None:
         """The worker shuts down: nothing more is written (held records stay as storage
         has them, for recovery)."""
@@ -334,6 +340,10 @@ class StepWriters:
             "step_batches": sum(w.flushes for w in self._writers.values()),
             "step_rows": sum(w.records_written for w in self._writers.values()),
         }
+
+    def flushing(self) -> list[asyncio.Task[None]]:
+        """The flushes under way (a worker that shuts down lets them land first)."""
+        return [w.flush for w in self._writers.values() if w.flush is not None]
 
     def close(self) -> None:
         for writer in self._writers.values():

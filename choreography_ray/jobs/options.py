@@ -94,6 +94,9 @@ class JobsOptions(BaseModel):
     max_terminal_jobs_per_cleanup: int = 100
     max_concurrent_step_starts: int = 16
     step_stop_timeout: timedelta = timedelta(seconds=10)
+    deactivation_timeout: timedelta = timedelta(seconds=10)
+    """How long a worker host that shuts down waits for the work of its steps (cancelled) and
+    their callbacks to end before it closes storage; it writes no final status."""
     max_active_steps_per_job: int | None = 20_000
     """A sliding window of active steps per job; None means no window. The default bounds what
     a job of a million steps tracks and queues on its worker hosts at once (docs/decisions.md),
@@ -150,6 +153,7 @@ class JobsOptions(BaseModel):
         "cleanup_cadence",
         "step_checkpoint_flush_interval",
         "step_stop_timeout",
+        "deactivation_timeout",
         "step_retry_backoff",
         "max_step_retry_backoff",
         "step_lease_timeout",

@@ -12,7 +12,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, RootModel
 
@@ -58,47 +58,84 @@ class StepFailed(ChoreographyError):
             self.retry_after = duration_seconds("StepFailed.retry_after", retry_after)
 
 
-class StepContext(ABC):
-    """What a running step may ask of the system. The engine provides the implementation."""
+class StepWork(Protocol):
+    """What the engine gives a step's context: the run on the worker host, or, for a
+    synchronous step in a Ray task, its link back to that run."""
 
     job_id: str
     step_id: str
     attempt: int
-    """1 for the first attempt, then one more per retry."""
+
+    def checkpoint(self, state: BaseModel | None = None) -> None: ...
+
+    def progress(self, percentage: float, message: str = "") -> None: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    async def wait_cancelled(self) -> None: ...
+
+    def now(self) -> datetime: ...
+
+
+class StepContext:
+    """What a running step may ask of the system, and nothing else (docs/jobs.md lists it):
+    the engine's run behind it (its worker, record, runner) is not the author's to reach."""
+
+    __slots__ = ("_work",)
+
+    def __init__(self, work: StepWork) -> None:
+        self._work = work
+
+    @property
+    def job_id(self) -> str:
+        return self._work.job_id
+
+    @property
+    def step_id(self) -> str:
+        return self._work.step_id
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt, then one more per retry."""
+        return self._work.attempt
 
     @property
     def idempotency_key(self) -> str:
         """Stable for this step across re-runs and retries: deduplicate external effects by it."""
         return f"{self.job_id}/{self.step_id}"
 
-    @abstractmethod
     def checkpoint(self, state: BaseModel | None = None) -> None:
         """Record the step's state (the one passed to `perform` unless given).
 
         Writes are debounced (`step_checkpoint_batch_interval`, flush interval); a run that
         crashes continues from the last checkpoint that reached storage.
         """
+        self._work.checkpoint(state)
 
-    @abstractmethod
     def progress(self, percentage: float, message: str = "") -> None:
         """Report how far the step is, 0 to 100."""
+        self._work.progress(percentage, message)
 
     @property
-    @abstractmethod
     def cancelled(self) -> bool:
         """True once the step is asked to stop; long work should check it and return."""
+        return self._work.cancelled
 
-    @abstractmethod
     async def wait_cancelled(self) -> None:
         """Return once the step is asked to stop."""
+        await self._work.wait_cancelled()
 
     def raise_if_cancelled(self) -> None:
         if self.cancelled:
             raise StepCancelled()
 
-    @abstractmethod
     def now(self) -> datetime:
         """The engine's clock (a fake one in tests)."""
+        return self._work.now()
+
+    def __repr__(self) -> str:
+        return f"StepContext(job_id={self.job_id!r}, step_id={self.step_id!r})"
 
 
 class StepCancelled(ChoreographyError):

@@ -15,13 +15,15 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CAPABILITIES: tuple[str, ...] = (
-    "external-plan-storage",
-    "execution-generations",
-    "placement",
-    "work-moves",
-)
-"""What this release of a host can do, for clusters that run two releases during an upgrade."""
+PLAN_STORAGE = "external-plan-storage"
+"""A host that reads a job's plan stored apart from its record (`hosts_of_type_have`)."""
+WORK_MOVES = "work-moves"
+"""A worker host that queues urgent starts first and hands back queued runs (`moves_work`)."""
+
+CAPABILITIES: tuple[str, ...] = (PLAN_STORAGE, WORK_MOVES)
+"""What this release of a host can do that an older one cannot, for clusters that run two
+releases during an upgrade. Each is read where it matters; one nobody reads is not advertised
+(docs/decisions.md, "Capabilities are advertised only where they are read")."""
 
 
 class HostAdvert(BaseModel):
@@ -102,11 +104,6 @@ def no_step_host_reason(
     return reason + (": " + "; ".join(failures) if failures else "")
 
 
-PLAN_STORAGE = "external-plan-storage"
-WORK_MOVES = "work-moves"
-"""A worker host that queues urgent starts first and hands back queued runs (`give_up`)."""
-
-
 def everywhere(adverts: Iterable[HostAdvert], capability: str) -> bool:
     """Whether every advertising host has `capability` (and at least one advertises)."""
     found = list(adverts)
@@ -125,3 +122,9 @@ def hosts_of_type_have(
         if advert.hosts(job_type) and capability not in advert.capabilities:
             return False
     return True
+
+
+def moves_work(advert: HostAdvert) -> bool:
+    """Whether a worker host takes urgent starts first and hands back queued runs: a host of
+    an older release reads four fields of a start and has no `give_up`."""
+    return WORK_MOVES in advert.capabilities

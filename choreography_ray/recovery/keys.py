@@ -9,14 +9,16 @@ registered under the entry point group `choreography_ray.key_providers`.
 
 Each pass asks every source at once and each within a time bound; one that fails or does not
 answer is logged and left out of that pass, the others still count, and the catalog says it is
-incomplete so the caller can retry that source. A storage provider of the user's own that keeps
-no catalog of its partitions (`capabilities.partition_catalog` False) names only the partitions
-it opened in this process: with no key provider beside it, the catalog is incomplete too, so
-every host recovers what it knows (electing one would miss partitions only another opened), and
-a warning at start-up names the provider and what to configure: recovery is never silently
-partial. Entry points and named callables are loaded again on each pass, so one that failed to
-import is retried with the rest. Only callables the user names are imported; nothing read from
-storage ever is.
+incomplete. A failed source is then asked again on its own, after 1 s doubling to 60 s, like a
+failed rehydration (`retries.Retries`), until it answers; the keys it gives then go to `found`
+(the host recovers their partitions), with no membership change or sweep needed. A storage
+provider of the user's own that keeps no catalog of its partitions
+(`capabilities.partition_catalog` False) names only the partitions it opened in this process:
+with no key provider beside it, the catalog is incomplete too, so every host recovers what it
+knows (electing one would miss partitions only another opened), and a warning at start-up names
+the provider and what to configure: recovery is never silently partial. Entry points and named
+callables are loaded again on each ask, so one that failed to import is retried too. Only
+callables the user names are imported; nothing read from storage ever is.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..jobs.state import JobKey
 from ..storage.provider import StorageProvider
 from ..storage.retry import one_line
 from .liveness import Bound, HostGone
+from .retries import Retries
 
 log = logging.getLogger("choreography_ray.recovery")
 
@@ -119,33 +122,42 @@ class KeyCatalogReader:
         self.providers = list(providers)
         self.named = [named_provider(name) for name in names]
         self.entry_points = entry_points
-        self._bound = Bound(timeout, clock or SystemClock())
+        clock = clock or SystemClock()
+        self._bound = Bound(timeout, clock)
         self._warned = False
         self._warned_partial = False
+        self._sources: dict[str, Callable[[], Awaitable[list[JobKey]]]] = {}
+        self._retries: Retries[str] = Retries(self._ask_again, clock, what="key source")
+        self.found: Callable[[list[JobKey]], Awaitable[Any]] | None = None
+        """Told the keys of a source that answered on its own retry, after a pass missed it."""
 
     async def read(self) -> KeyCatalog:
         """Ask every source at once; the keys they gave, deduplicated and sorted."""
-        sources: list[tuple[str, Callable[[], Awaitable[list[JobKey]]]]] = [
-            (STORAGE_SOURCE, self._storage_keys)
-        ]
-        sources += [(_name_of(provider), _calling(provider)) for provider in self.providers]
-        sources += [(named.value, _loading(named)) for named in self.named]
+        sources: dict[str, Callable[[], Awaitable[list[JobKey]]]] = {
+            STORAGE_SOURCE: self._storage_keys
+        }
+        sources.update((_name_of(provider), _calling(provider)) for provider in self.providers)
+        sources.update((named.value, _loading(named)) for named in self.named)
         failed = []
         if self.entry_points:
             try:
-                installed = await asyncio.to_thread(registered_providers)
+                sources.update(await _installed())
             except Exception as error:
                 log.warning("the installed key providers cannot be listed: %s", one_line(error))
                 failed.append(ENTRY_POINTS_SOURCE)
+                self._retries.failed(ENTRY_POINTS_SOURCE, error)
             else:
-                sources += [(f"entry point {ep.name}", _loading(ep)) for ep in installed]
-        answers = await asyncio.gather(*(self._ask(name, call) for name, call in sources))
+                self._retries.succeeded(ENTRY_POINTS_SOURCE)
+        self._sources.update(sources)
+        answers = await asyncio.gather(*(self._ask(name, call) for name, call in sources.items()))
         keys: set[JobKey] = set()
-        for (name, _), answer in zip(sources, answers, strict=True):
-            if answer is None:
+        for name, answer in zip(sources, answers, strict=True):
+            if isinstance(answer, Exception):
                 failed.append(name)
+                self._retries.failed(name, answer)
             else:
                 keys.update(answer)
+                self._retries.succeeded(name)
         catalog = KeyCatalog(
             keys=tuple(sorted(keys, key=lambda key: (key.scope, key.namespace))),
             failed=tuple(failed),
@@ -185,16 +197,17 @@ class KeyCatalogReader:
 
     async def _ask(
         self, name: str, call: Callable[[], Awaitable[list[JobKey]]]
-    ) -> list[JobKey] | None:
-        """The source's keys, or None, logged, when it failed or did not answer in time."""
+    ) -> list[JobKey] | Exception:
+        """The source's keys, or why (logged) it failed or did not answer in time."""
         try:
             return await self._bound(call(), name)
-        except HostGone:
+        except HostGone as error:
             log.warning(
                 "key source %s did not answer within %gs; this pass goes on without it",
                 name,
                 self._bound.seconds,
             )
+            return error
         except Exception as error:
             log.warning(
                 "key source %s failed; this pass goes on without it: %s: %s",
@@ -202,7 +215,32 @@ class KeyCatalogReader:
                 type(error).__name__,
                 one_line(error),
             )
-        return None
+            return error
+
+    async def _ask_again(self, name: str) -> None:
+        """A retry of a failed source on its own (raises while it fails); the keys it gives
+        go to `found`. The entry point listing, retried, asks every installed provider."""
+        if name == ENTRY_POINTS_SOURCE:
+            installed = await _installed()
+            self._sources.update(installed)
+            calls = list(installed.values())
+        else:
+            calls = [self._sources[name]]
+        keys: list[JobKey] = []
+        for call in calls:
+            keys += await self._bound(call(), name)
+        if self.found is not None:
+            await self.found(sorted(set(keys), key=lambda key: (key.scope, key.namespace)))
+
+    def close(self) -> None:
+        """Stop retrying failed sources (the host stops)."""
+        self._retries.close()
+
+
+async def _installed() -> dict[str, Callable[[], Awaitable[list[JobKey]]]]:
+    """The installed entry points, by their name as a source."""
+    installed = await asyncio.to_thread(registered_providers)
+    return {f"entry point {ep.name}": _loading(ep) for ep in installed}
 
 
 def _name_of(provider: KeyProvider) -> str:

@@ -65,6 +65,14 @@ class Retries(Generic[K]):
             raise
         self._failing.discard(key)
 
+    def failed(self, key: K, error: Exception) -> None:
+        """An attempt of `key` made elsewhere failed: retry it in the background."""
+        self._retry(key, error)
+
+    def succeeded(self, key: K) -> None:
+        """An attempt of `key` made elsewhere succeeded: its retries stop."""
+        self._failing.discard(key)
+
     def _retry(self, key: K, error: Exception) -> None:
         if self._closed:
             return

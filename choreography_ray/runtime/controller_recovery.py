@@ -48,6 +48,8 @@ class ControllerRecovery:
             self.catalog = KeyCatalogReader(
                 host.provider, names=host.options.key_providers, clock=host.clock
             )
+            # A source a pass missed is asked again on its own; what it finds then is recovered.
+            self.catalog.found = self.partitions.recover
         found = await self.catalog.read()
         await self.partitions.recover(list(dict.fromkeys([*configured, *found.keys])))
 
@@ -141,6 +143,8 @@ class ControllerRecovery:
 
     def close(self) -> None:
         self.partitions.close()
+        if self.catalog is not None:
+            self.catalog.close()
         for task in list(self._tasks):
             task.cancel()
         if self._sweeper is not None:

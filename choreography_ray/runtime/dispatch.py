@@ -23,7 +23,7 @@ from ..engine.ports import Dispatched
 from ..engine.step_types import StepTypes
 from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
-from ..placement.capability import WORK_MOVES, HostAdvert
+from ..placement.capability import HostAdvert, moves_work
 from ..placement.choice import Placement
 from ..placement.spreading import WorkerLoad, WorkerLoads
 from .routes import Routes
@@ -117,7 +117,7 @@ class RayDispatcher:
         advert = adverts.get(name)
         if advert is None:
             return self.adverts is None  # tests without adverts: every host is this release
-        return WORK_MOVES in advert.capabilities
+        return moves_work(advert)
 
     async def give_up(self, job_key: JobKey, job_id: str, shares: Mapping[str, float]) -> list[str]:
         adverts = await self.adverts(list(shares)) if self.adverts is not None else {}

@@ -18,7 +18,7 @@ from ..jobs.options import JobsOptions
 from ..placement.capability import failing_everywhere, import_failures
 from ..placement.roles import NodeRoles, refused_role, worker_share
 from .adverts import read_adverts
-from .config import mark_taking_down, require_config, write_config
+from .config import mark_taking_down, read_config, require_config, write_config
 from .constants import ACTOR_PREFIX
 from .controller_host import ControllerHost
 from .directory import actor_names
@@ -103,6 +103,8 @@ def _forget_modules(namespace: str, modules: list[str]) -> None:
 
 STOP_ROUNDS = 3
 """How many times `stop_hosts` lists the hosts again for one that started meanwhile."""
+SHUTDOWN_MARGIN = 10.0
+"""Seconds a host's shutdown may take beyond its deactivation (closing storage, its advert)."""
 
 
 def stop_hosts(namespace: str) -> list[str]:
@@ -112,11 +114,15 @@ def stop_hosts(namespace: str) -> list[str]:
     starts a host again as the others are stopped one after the other (`up` clears the mark).
     A start the watch began just before the mark may still land: the hosts are listed again
     after the kills, and stopped too."""
+    config = read_config(namespace)
     mark_taking_down(namespace)
+    options = config.jobs_options() if config is not None else JobsOptions()
+    # A worker host waits up to `deactivation_timeout` for its steps' work as it shuts down.
+    wait = options.deactivation_timeout.total_seconds() + SHUTDOWN_MARGIN
     killed: list[str] = []
     for _ in range(STOP_ROUNDS):
         stopped = [
-            name for name in actor_names(namespace, (ACTOR_PREFIX,)) if _stop(namespace, name)
+            name for name in actor_names(namespace, (ACTOR_PREFIX,)) if _stop(namespace, name, wait)
         ]
         killed += [name for name in stopped if name not in killed]
         if not stopped:
@@ -124,13 +130,14 @@ def stop_hosts(namespace: str) -> list[str]:
     return killed
 
 
-def _stop(namespace: str, name: str) -> bool:
-    """Shut host actor `name` down and kill it; False when it is gone already."""
+def _stop(namespace: str, name: str, wait: float) -> bool:
+    """Shut host actor `name` down (waiting `wait` seconds at most) and kill it; False when
+    it is gone already."""
     try:
         handle = ray.get_actor(name, namespace=namespace)
     except ValueError:
         return False
     with contextlib.suppress(Exception):
-        ray.get(handle.shutdown.remote(), timeout=10)
+        ray.get(handle.shutdown.remote(), timeout=wait)
     ray.kill(handle)
     return True

@@ -17,7 +17,7 @@ import ray
 from pydantic import BaseModel
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..engine.run import StepRun
+from ..engine.run_host import SyncRun
 from ..jobs.registry import TypeKind, default_registry
 from ..jobs.state import JobKey
 from ..jobs.step import JobStep, StepContext
@@ -25,8 +25,9 @@ from ..jobs.step import JobStep, StepContext
 _CANCEL_POLL_SECONDS = 0.5
 
 
-class TaskStepContext(StepContext):
-    """The context of a synchronous step inside its Ray task."""
+class TaskStepWork:
+    """What the context of a synchronous step inside its Ray task calls: the worker host
+    that runs the step (`StepWork`)."""
 
     def __init__(
         self,
@@ -91,8 +92,8 @@ def _perform(
 
     import_modules(modules)
     step_class = default_registry.resolve(step_type, TypeKind.STEP)
-    ctx = TaskStepContext(host, job_key, job_id, step_id, attempt, call_timeout)
-    return step_class().perform(state, ctx)
+    work = TaskStepWork(host, job_key, job_id, step_id, attempt, call_timeout)
+    return step_class().perform(state, StepContext(work))
 
 
 _perform_remote = ray.remote(_perform)
@@ -119,10 +120,7 @@ class RaySyncStepRunner:
         self.call_timeout = call_timeout
         self.in_flight = 0
 
-    async def run(
-        self, step: JobStep[Any, Any, Any], state: BaseModel | None, ctx: StepContext
-    ) -> Any:
-        assert isinstance(ctx, StepRun)
+    async def run(self, step: JobStep[Any, Any, Any], state: BaseModel | None, run: SyncRun) -> Any:
         resources = dict(type(step).resources)
         options: dict[str, Any] = {
             "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node_id, soft=False),
@@ -140,13 +138,13 @@ class RaySyncStepRunner:
             self.host,
             type(step).name,
             state,
-            ctx.key.job_key,
-            ctx.job_id,
-            ctx.step_id,
-            ctx.attempt,
+            run.key.job_key,
+            run.key.job_id,
+            run.key.step_id,
+            run.attempt,
             self.call_timeout,
         )
-        ctx.cancel_work = lambda: ray.cancel(ref)
+        run.cancel_work = lambda: ray.cancel(ref)
         self.in_flight += 1
         try:
             return await ref
@@ -159,7 +157,7 @@ class RaySyncStepRunner:
             raise
         finally:
             self.in_flight -= 1
-            ctx.cancel_work = None
+            run.cancel_work = None
 
     def close(self) -> None:
         """Nothing to release: tasks belong to Ray."""

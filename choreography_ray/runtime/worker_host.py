@@ -185,13 +185,14 @@ class WorkerHost(Host):
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "rss_kb": rss_kb(),
             "ready_at": self.ready_at,
-            **self.worker.write_stats(),
+            **self.worker.writers.stats(),
         }
 
     async def shutdown(self) -> None:
         self.fence.stop()
         await asyncio.to_thread(delete_advert, self.name, self.namespace)
         self._startup.close()
-        await self.worker.close()
+        # The seed's deactivation: the work and its callbacks end before storage closes.
+        await self.worker.deactivate(self.options.deactivation_timeout.total_seconds())
         self.routes.close()
         await self.provider.close()

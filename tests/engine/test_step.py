@@ -570,3 +570,39 @@ def test_a_run_stopped_in_its_work_frees_its_runner_for_the_next_queued_step(run
     # The runner that was cancelled inside "a" goes on to "b", and "b" is not cancelled.
     assert second.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert [k for k, _ in script.runs] == ["a", "b"]
+
+
+DOCUMENTED_CONTEXT = {
+    "attempt",
+    "cancelled",
+    "checkpoint",
+    "idempotency_key",
+    "job_id",
+    "now",
+    "progress",
+    "raise_if_cancelled",
+    "step_id",
+    "wait_cancelled",
+}
+"""What docs/jobs.md lists of `ctx` (with the ids the idempotency key is made of)."""
+
+
+def test_the_step_context_exposes_only_what_the_docs_list_and_no_engine_internals(
+    run, cluster, script, control
+):
+    async def scenario():
+        job_id = await started(cluster, ControlledJob, "a")
+        [ctx] = control.contexts
+        public = {name for name in dir(ctx) if not name.startswith("_")}
+        reached = [name for name in ("worker", "record", "runner", "key") if hasattr(ctx, name)]
+        with pytest.raises(AttributeError):
+            ctx.worker = object()  # nothing can be hung on it either
+        control.send("a", "done")
+        await cluster.settle()
+        return job_id, ctx, public, reached
+
+    job_id, ctx, public, reached = run(scenario())
+    assert type(ctx) is StepContext
+    assert public == DOCUMENTED_CONTEXT
+    assert reached == []
+    assert ctx.job_id == job_id and ctx.attempt == 1

@@ -31,7 +31,7 @@ from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 from choreography_ray.testing import InProcessCluster
 from choreography_ray.testing.faults import WriteFaults
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, WindowJob, request
+from .fixtures import KeyRequest, KeyResult, KeyState, KeyStep, ScenarioJob, WindowJob, request
 
 
 class Slow:
@@ -414,8 +414,54 @@ def test_a_drain_counts_a_step_as_drained_only_by_its_own_answer(
     assert script.hooks.count("on_stopped") == 1
 
 
+async def _stopped_as_the_write_fails(script: Any, stop: Any) -> tuple[Any, Any, Any]:
+    """A one-step job stopped by `stop(manager, job_id)` as its write fails: the answer's
+    code, the job as stored then, and the job once its step was let finish."""
+    faults = WriteFaults()
+    cluster = InProcessCluster(wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+    async with cluster:
+        result = await cluster.start(ScenarioJob, request("a"))
+        await cluster.settle()
+        faults.fail_at = {faults.writes + 1}
+        with pytest.raises(StopJobFailed) as refused:
+            await stop(cluster.manager(), result.job_id)
+        stored = await cluster.storage().jobs.get(result.job_id)
+        script.release("a")
+        return refused.value.code, stored, await cluster.wait(result.job_id)
+
+
 def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run, script):
     """A drain whose write fails answers CouldNotPersistStop and leaves the job as it was."""
+    code, stored, done = run(
+        _stopped_as_the_write_fails(script, lambda manager, job_id: manager.drain(job_id, 5))
+    )
+    assert code == StopJobError.COULD_NOT_PERSIST_STOP
+    assert stored.status == JobStatus.RUNNING and not stored.pending_drain
+    assert done.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_a_stop_whose_write_fails_answers_could_not_persist_stop_and_leaves_the_job_running(
+    run, script
+):
+    """The recovery seed: `Job.Stop` answers CouldNotPersistStop when the stop could not be
+    written, and leaves the job as it was: its step runs on and the job completes."""
+    code, stored, done = run(
+        _stopped_as_the_write_fails(script, lambda manager, job_id: manager.stop(job_id))
+    )
+    assert code == StopJobError.COULD_NOT_PERSIST_STOP
+    assert stored.status == JobStatus.RUNNING and not stored.stop_finalized
+    assert done.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert script.hooks.count("on_stopped") == 0
+
+
+def test_a_removal_whose_write_fails_leaves_the_job_as_it_was_and_a_second_removal_works(
+    run, script
+):
+    """A failed Removing write is answered with RemoveJobError.UNKNOWN and leaves the job as
+    a failed stop write does: storage still says Running, the activation lets go of its
+    copy, and a second `remove()` writes Removing, stops the step and clears the job (it is
+    not answered JOB_IS_ALREADY_BEING_REMOVED, and the step does not run to completion)."""
     faults = WriteFaults()
     cluster = InProcessCluster(wrap_storage=faults.wrap)
     script.behaviour["a"].block = True
@@ -424,17 +470,26 @@ def test_a_drain_is_persisted_as_stopped_with_the_pending_drain_in_one_write(run
         async with cluster:
             result = await cluster.start(ScenarioJob, request("a"))
             await cluster.settle()
+            first = cluster.manager().activation(result.job_id)
             faults.fail_at = {faults.writes + 1}
-            with pytest.raises(StopJobFailed) as refused:
-                await cluster.manager().drain(result.job_id, within=5)
+            with pytest.raises(RemoveJobFailed) as refused:
+                await cluster.manager().remove(result.job_id)
             stored = await cluster.storage().jobs.get(result.job_id)
-            script.release("a")
+            let_go = first.released and first.state.status == JobStatus.RUNNING
+            await cluster.manager().remove(result.job_id)  # no error: it is written now
             await cluster.settle()
-            return refused.value.code, stored
+            cleared = await cluster.storage().jobs.find(result.job_id)
+            steps = await cluster.storage().steps.count_for_job(result.job_id)
+            return refused.value.code, stored, let_go, cleared, steps
 
-    code, stored = run(scenario())
-    assert code == StopJobError.COULD_NOT_PERSIST_STOP
-    assert stored.status == JobStatus.RUNNING and not stored.pending_drain
+    code, stored, let_go, cleared, steps = run(scenario())
+    assert code == RemoveJobError.UNKNOWN
+    assert stored.status == JobStatus.RUNNING
+    assert let_go
+    assert cleared is None and steps == 0
+    # the step was stopped as the job was removed, not left to complete
+    assert [outcome.status for outcome in script.outcomes] == [JobStepStatus.REMOVING]
+    assert script.hooks.count("on_stopped") == 1
 
 
 def test_the_pending_drain_survives_the_jobs_controller(run, cluster, script, slow):
@@ -742,6 +797,88 @@ def test_the_jobs_finish_timer_doubles_to_sixty_seconds_past_the_delivery_attemp
     cleared = run(scenario())
     gaps = [b - a for a, b in itertools.pairwise(tries)]
     assert gaps == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert cleared is None
+
+
+class MixedJob(ScenarioJob, name="tests.stopping.mixed-job"):
+    """A step that stops at once ("a") and one slow to stop ("slow")."""
+
+    def prepare_steps(self, request: Any) -> list[Any]:
+        return [
+            self.create_step(KeyStep, KeyRequest(key="a"), name="a"),
+            self.create_step(SlowToStopStep, KeyRequest(key="slow"), name="slow"),
+        ]
+
+
+def test_a_step_being_removed_deletes_its_own_record_once_the_job_stored_its_stop(
+    run, cluster, script, slow
+):
+    """The recovery seed: a removed step deletes its own record once the job has accepted
+    (stored) its stop, without waiting for the job to be cleared; the job, still waiting for
+    its slow step, keeps that one's record."""
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        result = await cluster.start(MixedJob, request())
+        await cluster.settle()
+        await cluster.manager().remove(result.job_id)
+        await cluster.settle()
+        job = await cluster.storage().jobs.get(result.job_id)
+        left = await cluster.storage().steps.get_for_job(result.job_id)
+        slow.finish.set()
+        await cluster.settle()
+        cleared = await cluster.storage().jobs.find(result.job_id)
+        return job, left, cleared, await cluster.storage().steps.count_for_job(result.job_id)
+
+    job, left, cleared, steps = run(scenario())
+    assert job.status == JobStatus.REMOVING and job.progress.stopped_steps == 1
+    assert [step.name for step in left] == ["slow"]
+    assert cleared is None and steps == 0
+
+
+class FailingJobSave(WriteFaults):
+    """Job storage whose next save fails once `armed`."""
+
+    armed = False
+
+    def _check(self, what: str) -> None:
+        if what == "jobs.save" and self.armed:
+            self.armed = False
+            self.writes += 1
+            raise StorageUnavailableError("injected failure: saving the job")
+        super()._check(what)
+
+
+def test_a_removal_report_the_job_could_not_store_is_answered_with_an_error_and_sent_again(
+    run, script, slow, monkeypatch
+):
+    """The job counts a removed step's stop but cannot write it: the step is answered with
+    an error, so it keeps its record and reports again (to the job's next activation), and
+    deletes its record only once that report is stored."""
+    faults = FailingJobSave()
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=faults.wrap)
+    script.behaviour["a"].block = True
+
+    async def scenario():
+        async with cluster:
+            answers = answered_reports(cluster, monkeypatch)
+            result = await cluster.start(MixedJob, request())
+            await cluster.settle()
+            await cluster.manager().remove(result.job_id)
+            faults.armed = True
+            await cluster.settle()
+            kept = sorted(s.name for s in await cluster.storage().steps.get_for_job(result.job_id))
+            first = list(answers)
+            await cluster.advance(1)  # the step's next report
+            left = [s.name for s in await cluster.storage().steps.get_for_job(result.job_id)]
+            slow.finish.set()
+            await cluster.settle()
+            return first, kept, left, await cluster.storage().jobs.find(result.job_id)
+
+    first, kept, left, cleared = run(scenario())
+    assert first == [(0.0, RemoveJobError.UNKNOWN)]
+    assert kept == ["a", "slow"]
+    assert left == ["slow"]
     assert cleared is None
 
 

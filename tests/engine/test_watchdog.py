@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 
 from choreography_ray.jobs import Job, JobsOptions, JobStep, StepContext
-from choreography_ray.jobs.status import JobStatus
+from choreography_ray.jobs.status import JobStatus, JobStepStatus
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import ScenarioJob, request
+from .fixtures import ScenarioJob, request, wrap_steps
 
 LEASE = 30.0
 INTERVAL = 10.0
@@ -188,4 +189,94 @@ def test_a_renewed_lease_holds_a_restart_back_even_after_its_host_left(run):
 
     held, restarted, state = run(scenario())
     assert (held, restarted) == (0, 1)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+class _LeaseLess:
+    """Step storage as a release without leases writes it: every record saved has none."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def save(self, state: Any) -> Any:
+        return await self._inner.save(state.model_copy(update={"lease": None}))
+
+    async def save_many(self, states: list[Any]) -> Any:
+        return await self._inner.save_many([s.model_copy(update={"lease": None}) for s in states])
+
+
+def test_a_running_step_without_a_lease_is_started_again_one_lease_period_after_its_change(
+    run, script
+):
+    """The recovery seed: a step without a lease (written by a release that did not know
+    them) is left alone for one lease period after its last change, then started again;
+    harmless for a step still running, which answers that it has already started."""
+    cluster = InProcessCluster(
+        options=JobsOptions(
+            max_parallel_steps=8,
+            step_lease_timeout=timedelta(seconds=LEASE),
+            job_watchdog_interval=timedelta(seconds=INTERVAL),
+        ),
+        wrap_storage=wrap_steps(_LeaseLess),
+    )
+
+    async def scenario():
+        async with cluster:
+            script.behaviour["a"].block = True
+            result = await cluster.start(ScenarioJob, request("a"))
+            await cluster.settle()
+            [step] = await cluster.storage().steps.get_for_job(result.job_id)
+            sent = len(cluster.sent)
+            await cluster.advance(INTERVAL)
+            await cluster.advance(INTERVAL)
+            early = len(cluster.sent) - sent  # 20 s: within one lease period
+            await cluster.advance(INTERVAL)
+            late = len(cluster.sent) - sent  # 30 s: one lease period after its change
+            script.release("a")
+            return step, early, late, await cluster.wait(result.job_id)
+
+    step, early, late, state = run(scenario())
+    assert step.status == JobStepStatus.RUNNING and step.lease is None
+    assert (early, late) == (0, 1)
+    assert cluster.sent[-1] == ("worker-0", step.id)  # back to the host that runs it
+    assert script.ran("a") == 1  # the run in progress answered that it had started
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+ASKED: list[frozenset[str]] = []
+
+
+class NoHostsJob(ScenarioJob, name="tests.watchdog.no-hosts-job"):
+    """Reads cluster membership its own way: no host counts as part of the cluster."""
+
+    def get_active_hosts(self, hosts: frozenset[str]) -> frozenset[str]:
+        ASKED.append(hosts)
+        return frozenset()
+
+
+def test_a_jobs_get_active_hosts_override_decides_whose_runs_are_lost(run, script):
+    """`Job.get_active_hosts` changes how membership is read: here it says no host is alive,
+    so a run whose lease expired is started again although its host lives (left alone
+    otherwise: `test_a_run_on_a_live_host_is_left_alone_however_old_its_lease`)."""
+    cluster = _leased(workers=1)
+    ASKED.clear()
+
+    async def scenario():
+        async with cluster:
+            script.behaviour["a"].block = True
+            result = await cluster.start(NoHostsJob, request("a"))
+            await cluster.settle()
+            sent = len(cluster.sent)
+            for _ in range(3):
+                await cluster.advance(INTERVAL)
+            restarted = len(cluster.sent) - sent
+            script.release("a")
+            return restarted, await cluster.wait(result.job_id)
+
+    restarted, state = run(scenario())
+    assert ASKED and ASKED[0] == frozenset({"worker-0"})
+    assert restarted == 1
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.engine.messages import StepStart, StopRequest
+from choreography_ray.engine.messages import StartOutcome, StepStart, StopRequest
 from choreography_ray.engine.run import StepRun
 from choreography_ray.engine.run_host import RunKey
 from choreography_ray.engine.writer import Tracked
@@ -133,6 +133,50 @@ def test_a_late_stop_of_an_earlier_execution_does_not_stop_the_resumed_run(
     assert late.not_running == [step_id]
     assert lingering.events == ["perform", "stopped", "perform", "completed"]
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def test_a_start_that_overtakes_a_pending_stop_is_accepted_and_deferred_by_the_worker(
+    run, cluster, script, lingering, monkeypatch
+):
+    """The stopping seed: a step accepts a resume's start while its earlier run is still
+    stopping, and runs it in a turn of its own once that stop has settled. The worker alone
+    is tested: reports are kept from the job, so no start is sent again on its behalf."""
+    held: list[Any] = []
+
+    async def report(job_key, job_id, reports):
+        held.extend(reports)
+
+    async def scenario():
+        started = await cluster.start(LingeringJob, request("a"))
+        await cluster.settle()
+        monkeypatch.setattr(cluster, "report", report)
+        job_id = started.job_id
+        [step] = await cluster.storage().steps.get_for_job(job_id)
+        worker = cluster.worker
+        await worker.stop_steps(StopRequest(JobKey(), job_id, generation=1, step_ids=(step.id,)))
+        await cluster.settle()
+        answers = await worker.start_steps(
+            JobKey(), job_id, LingeringJob.name, [StepStart(step.id, generation=2)]
+        )
+        await cluster.settle()
+        before = list(lingering.events)
+        lingering.finish.set()  # the first run stops and writes it
+        await cluster.settle()
+        after = list(lingering.events)
+        lingering.go.set()
+        await cluster.settle()
+        [stored] = await cluster.storage().steps.get_for_job(job_id)
+        return answers, before, after, stored, held
+
+    answers, before, after, stored, held = run(scenario())
+    assert [answer.outcome for answer in answers] == [StartOutcome.STARTED]
+    assert before == ["perform"]  # deferred: the stopping run is the only one
+    assert after == ["perform", "stopped", "perform"]
+    assert stored.status == JobStepStatus.COMPLETED_SUCCESSFULLY and stored.generation == 2
+    assert [(r.status, r.generation) for r in held] == [
+        (JobStepStatus.STOPPED, 1),
+        (JobStepStatus.COMPLETED_SUCCESSFULLY, 2),
+    ]
 
 
 class CheckpointingStep(JobStep[KeyRequest, KeyState, KeyResult], name="tests.worker.checkpoints"):

@@ -36,6 +36,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "max_terminal_jobs_per_cleanup": ("count", 100),
     "max_concurrent_step_starts": ("count", 16),
     "step_stop_timeout": ("duration", timedelta(seconds=10)),
+    "deactivation_timeout": ("duration", timedelta(seconds=10)),
     "max_active_steps_per_job": ("optional", 20_000),
     "max_step_attempts": ("count", 1),
     "step_retry_backoff": ("duration", timedelta(seconds=1)),

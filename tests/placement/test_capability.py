@@ -6,13 +6,19 @@ import pytest
 
 from choreography_ray.jobs import NoEligibleJobWorker
 from choreography_ray.placement.capability import (
+    CAPABILITIES,
+    PLAN_STORAGE,
+    WORK_MOVES,
     HostAdvert,
     eligible,
     everywhere,
     failing_everywhere,
+    hosts_of_type_have,
     import_failures,
+    moves_work,
 )
 from choreography_ray.placement.choice import Placement
+from choreography_ray.runtime.adverts import WITHHELD_ENV, advertised_capabilities
 
 
 def advert(name: str, *types: str, failed: dict[str, str] | None = None, caps=()) -> HostAdvert:
@@ -84,3 +90,33 @@ def test_a_capability_counts_only_when_every_advertising_host_has_it() -> None:
 def test_an_advert_round_trips_as_json() -> None:
     original = ADVERTS["w2"]
     assert HostAdvert.model_validate_json(original.model_dump_json()) == original
+
+
+# A capability is advertised only where something reads it: each has its gate here, and a
+# host without it is handled as one of an older release by that gate.
+GATES = {
+    PLAN_STORAGE: lambda advert: hosts_of_type_have(
+        [advert.name], {advert.name: advert}, "geo.Index", PLAN_STORAGE
+    ),
+    WORK_MOVES: moves_work,
+}
+
+
+def test_every_capability_a_host_advertises_is_read_by_a_gate() -> None:
+    """`execution-generations` and `placement` were advertised and read by nothing; every
+    release that advertises carries them, so they are no longer advertised (decisions.md)."""
+    assert set(CAPABILITIES) == set(GATES)
+    assert advertised_capabilities() == list(CAPABILITIES)
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_a_host_without_a_capability_is_gated_as_an_older_release(capability: str) -> None:
+    full = advert("h", "geo.Index", caps=CAPABILITIES)
+    older = advert("h", "geo.Index", caps=[c for c in CAPABILITIES if c != capability])
+    assert GATES[capability](full) is True
+    assert GATES[capability](older) is False
+
+
+def test_a_withheld_capability_is_not_advertised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(WITHHELD_ENV, f" {WORK_MOVES} ,")
+    assert advertised_capabilities() == [PLAN_STORAGE]

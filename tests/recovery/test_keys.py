@@ -359,3 +359,75 @@ def test_installed_entry_points_can_be_left_out(run, storage, no_installed_entry
         EntryPoint(name="studio", value=f"{__name__}:studio_keys", group=KEY_PROVIDERS_GROUP)
     )
     assert run(KeyCatalogReader(storage, entry_points=False).read()) == KeyCatalog(keys=())
+
+
+# -- a failed source is retried on its own ---------------------------------------------------------
+
+
+def test_a_failed_provider_is_asked_again_alone_after_one_second_doubling_to_sixty(run, storage):
+    """The recovery seed: a provider that failed is retried after 1 s, doubling up to 60 s,
+    until it answers, with no new pass; its keys then go to `found`. The sources that
+    answered are not asked again."""
+    clock = FakeClock()
+    begun = clock.now()
+    asked: list[float] = []
+    studio: list[float] = []
+    found: list[list[JobKey]] = []
+
+    async def flaky() -> list[JobKey]:
+        asked.append((clock.now() - begun).total_seconds())
+        if len(asked) < 9:
+            raise ConnectionError("catalog service unreachable")
+        return [B]
+
+    async def counted() -> list[JobKey]:
+        studio.append((clock.now() - begun).total_seconds())
+        return [A]
+
+    async def scenario() -> KeyCatalog:
+        reader = KeyCatalogReader(storage, [flaky, counted], clock=clock)
+
+        async def recover(keys: list[JobKey]) -> None:
+            found.append(keys)
+
+        reader.found = recover
+        catalog = await reader.read()
+        await settle()  # the retry's first wait begins
+        for _ in range(300):
+            await clock.advance(1)
+            await settle()
+        reader.close()
+        return catalog
+
+    catalog = run(scenario())
+    assert catalog.keys == (A,) and not catalog.complete
+    assert [b - a for a, b in itertools.pairwise(asked)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert found == [[B]]
+    assert studio == [0.0]
+
+
+def test_a_pass_that_reads_a_failed_source_again_ends_its_retries(run, storage):
+    clock = FakeClock()
+    asked: list[int] = []
+    broken = [True]
+
+    async def flaky() -> list[JobKey]:
+        asked.append(1)
+        if broken[0]:
+            raise ConnectionError("catalog service unreachable")
+        return [B]
+
+    async def scenario() -> KeyCatalog:
+        reader = KeyCatalogReader(storage, [flaky], clock=clock)
+        await reader.read()
+        broken[0] = False
+        again = await reader.read()  # a membership pass: it answers now
+        for _ in range(10):
+            await clock.advance(10)
+            await settle()
+        reader.close()
+        return again
+
+    again = run(scenario())
+    assert again.complete and again.keys == (B,)
+    assert len(asked) == 2  # no retry after the pass that read it

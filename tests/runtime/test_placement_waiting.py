@@ -78,7 +78,7 @@ def test_with_two_controllers_a_new_job_goes_to_one_that_runs_it(cluster, tmp_pa
 def test_a_host_started_with_a_capability_withheld_turns_plan_storage_off(cluster) -> None:
     """Plans stay inline while it runs (SQLite stores none apart anyway: the engine's tests
     show the plans; this one that hosts advertise what the engine asks)."""
-    from choreography_ray.placement.capability import PLAN_STORAGE, hosts_of_type_have
+    from choreography_ray.placement.capability import PLAN_STORAGE, WORK_MOVES, hosts_of_type_have
     from choreography_ray.runtime.adverts import WITHHELD_ENV, read_adverts
     from choreography_ray.testing import NodeSpec
 
@@ -93,6 +93,6 @@ def test_a_host_started_with_a_capability_withheld_turns_plan_storage_off(cluste
     adverts = read_adverts(cluster.namespace)
     withheld = [a for a in adverts.values() if PLAN_STORAGE not in a.capabilities]
     assert [a.node_id for a in withheld] == [older.node_id]
-    assert "placement" in withheld[0].capabilities
+    assert WORK_MOVES in withheld[0].capabilities  # only the withheld one is missing
     hosts = cluster.host_names()
     assert not hosts_of_type_have(hosts, adverts, SpreadJob.name, PLAN_STORAGE)
