@@ -8,6 +8,9 @@ failed (it died, or did not answer within `host_call_timeout`) leaves the table 
 that timed out comes back only once it answers a ping. The pings run apart from the reading:
 a suspect that hangs while still listed must not hold up every `refresh` (and every message
 that waits for one) for a whole bound.
+
+Messages are typed per role (`host_calls`): `routes.worker(name).stop_steps(request)`; each
+goes through `send`, which the bound and the suspect/dead handling wrap.
 """
 
 from __future__ import annotations
