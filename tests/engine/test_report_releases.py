@@ -18,14 +18,16 @@ import pytest
 
 from choreography_ray.engine.messages import (
     PackedReport,
+    SettledStops,
     StartOutcome,
     StartResult,
     StepReport,
     exceptional,
     pack_reports,
 )
+from choreography_ray.engine.stored_steps import outcome_report
 from choreography_ray.jobs import JobStatus
-from choreography_ray.jobs.state import StepDecision, StepError
+from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
 from choreography_ray.jobs.status import JobStepStatus
 
 from .fixtures import ScenarioJob, request
@@ -145,6 +147,24 @@ def test_a_start_s_answer_for_the_previous_release_gives_it_the_right_flag() -> 
     # In this release's shape that host cannot even read the answer.
     with pytest.raises(AttributeError, match="StepDecision"):
         across_to_previous_release(exceptional(answers))
+
+
+def test_a_report_carries_only_its_own_attempt_s_decision() -> None:
+    """A run of attempt 2 stopped before it performed reports from the record it read, which
+    still holds attempt 1's decision: its report (in a drain's answer, unpickled by the
+    previous release as it is) carries none."""
+    decided = StepDecision(attempt=1, retry=True, retry_at=RETRY_AT)
+    stopped = JobStepState(
+        id="s", job_id="j", type="t", status=JobStepStatus.STOPPED, attempt=1, decision=decided
+    )
+    report = outcome_report(stopped, 1, 2)
+    assert report.decision is None
+    [read] = across_to_previous_release(SettledStops(settled=[report])).settled
+    assert read.non_retryable is None  # no decision: a field that release reads as False
+    failure = stopped.model_copy(update={"status": JobStepStatus.COMPLETED_WITH_FAILURE})
+    assert outcome_report(failure, 1, 1).decision == decided  # its own attempt's
+    assert outcome_report(failure, 1, 2).decision is None
+    assert outcome_report(stopped, 1, 1).decision is None  # a stop is decided by nothing
 
 
 # -- the previous release to this one --------------------------------------------------------
