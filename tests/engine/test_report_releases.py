@@ -30,7 +30,7 @@ from choreography_ray.jobs import JobStatus
 from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
 from choreography_ray.jobs.status import JobStepStatus
 
-from .fixtures import ScenarioJob, request
+from .fixtures import RetryingJob, ScenarioJob, request
 
 RETRY_AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -202,3 +202,28 @@ def test_a_start_s_answer_from_a_previous_release_worker_is_decided_here(run, cl
     assert script.runs == []  # nothing ran here: the older worker answered
     assert state.status == JobStatus.COMPLETED_WITH_FAILURES
     assert state.progress.failed_steps == 1
+
+
+def test_a_failure_stored_by_the_previous_release_is_decided_once_on_resume(run, cluster, script):
+    """That release stored a failed attempt without a decision: the job that resumes it
+    decides it (here: retry after the backoff), stores the decision, and tries it again."""
+    script.behaviour["a"].fail_times = 1
+
+    async def scenario():
+        result = await cluster.start(RetryingJob, request("a"))
+        await cluster.settle()
+        await cluster.crash()
+        steps = cluster.storage().steps
+        [stored] = await steps.get_for_job(result.job_id)
+        await steps.save(stored.model_copy(update={"decision": None}))  # as that release wrote it
+        await cluster.manager().resume(result.job_id)
+        await cluster.settle()
+        [decided] = await steps.get_for_job(result.job_id)
+        await cluster.advance(1)
+        return decided, await cluster.wait(result.job_id)
+
+    decided, state = run(scenario())
+    assert decided.decision is not None
+    assert (decided.decision.attempt, decided.decision.retry) == (1, True)
+    assert script.runs == [("a", 1), ("a", 2)]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
