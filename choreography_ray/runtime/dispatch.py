@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from ..engine.clock import Clock, SystemClock
 from ..engine.messages import (
+    PackedReport,
     SettledStops,
     StepReport,
     StepStart,
@@ -283,6 +284,13 @@ class RayReporter:
         adverts = await self.adverts(names if controller in names else [*names, controller])
         return reads_decisions(adverts.get(controller))
 
+    async def _packed(
+        self, names: Iterator[str], reports: Sequence[StepReport]
+    ) -> AsyncIterator[tuple[str, list[PackedReport]]]:
+        """Each host of `names`, with `reports` packed as its release reads them."""
+        for name in names:
+            yield name, pack_reports(reports, decisions=await self.reads_decisions(name))
+
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
         name = self.controllers.get((job_key, job_id))
 
@@ -294,9 +302,8 @@ class RayReporter:
             yield from (n for n in self.routes.controllers if n != name)
 
         last: BaseException | None = None
-        for candidate in candidates():
+        async for candidate, packed in self._packed(candidates(), reports):
             try:
-                packed = pack_reports(reports, decisions=await self.reads_decisions(candidate))
                 await self.routes.call(candidate, "deliver", job_key, job_id, packed)
                 if candidate != name:
                     self.controllers[(job_key, job_id)] = candidate  # it took the job over
