@@ -110,6 +110,9 @@ class Report:
     """Steps with a stored success but no recorded run."""
     stored_rerun: int = 0
     """Runs that began after their step's success was stored."""
+    stored_rerun_details: list[str] = field(default_factory=list)
+    """One line per such run: the fault before it, the runs' nodes and times, the record's
+    status changes and its lease (what stored the success)."""
     rerun_by_fault: Counter[str] = field(default_factory=Counter)
     """Steps run more than once, by the fault before the extra run began."""
     longest_stall: dict[str, float] = field(default_factory=dict)
@@ -131,6 +134,7 @@ class Report:
             f"jobs not completed with exact counts: {len(self.incomplete)}",
             f"steps with a stored success and no recorded run: {self.missing_effects}",
             f"runs begun after their step's success was stored: {self.stored_rerun}",
+            *(f"  {line}" for line in self.stored_rerun_details),
             f"steps run again, by the fault before: {kinds or 'none'}",
             f"longest stretch without a new run, per job: worst {worst:.1f} s, median "
             f"{_median(list(self.longest_stall.values())):.1f} s",
@@ -327,8 +331,10 @@ class Soak:
                     for change in step.status_changes
                     if change.status == int(JobStepStatus.COMPLETED_SUCCESSFULLY)
                 ]
-                if stored_at:
-                    report.stored_rerun += sum(run.at > min(stored_at) for run in found)
+                late = [run for run in found if stored_at and run.at > min(stored_at)]
+                if late:
+                    report.stored_rerun += len(late)
+                    report.stored_rerun_details.append(_rerun_detail(report, step, found, late))
                 for run in found[1:]:
                     report.rerun_by_fault[_fault_before(report.faults, run.at)] += 1
                 begun.extend(run.at for run in found)
@@ -338,6 +344,19 @@ class Soak:
             report.longest_stall[job_id] = max(
                 (b - a for a, b in itertools.pairwise(stamps)), default=0.0
             )
+
+
+def _rerun_detail(report: Report, step: Any, found: list[Any], late: list[Any]) -> str:
+    """What a run begun after its step's stored success needs to be understood."""
+    changes = ", ".join(
+        f"{JobStepStatus(change.status).name}@{change.occurred.timestamp():.3f}"
+        for change in step.status_changes
+    )
+    runs = ", ".join(f"{run.node[:8]}@{run.at:.3f}" for run in found)
+    return (
+        f"step {step.id[:8]} after {_fault_before(report.faults, late[0].at)}: runs {runs}; "
+        f"changes {changes}; lease {step.lease}"
+    )
 
 
 def _fault_before(faults: list[Fault], at: float) -> str:

@@ -153,3 +153,27 @@ def recovers(
         return True
     chosen = elected(snapshot, controllers)
     return chosen is None or chosen == me
+
+
+class Deaths:
+    """The host incarnations (Ray's actor ids) whose death was told to the jobs here: each is
+    told once, however many readers notice it. A host killed and started again keeps its
+    name, so a name cannot say which death a late notice is about; its incarnation can."""
+
+    LIMIT = 4096
+    """Incarnations remembered; the oldest are forgotten first (deaths are rare)."""
+
+    def __init__(self) -> None:
+        self._told: dict[str, None] = {}
+
+    def first(self, incarnation: str | None) -> bool:
+        """Whether this death is to be told: True the first time, and always for an
+        incarnation that is not known (None)."""
+        if incarnation is None:
+            return True
+        if incarnation in self._told:
+            return False
+        self._told[incarnation] = None
+        if len(self._told) > self.LIMIT:
+            del self._told[next(iter(self._told))]
+        return True

@@ -41,8 +41,9 @@ class Participant(Protocol):
 
     def is_controller(self, host: str) -> bool: ...
 
-    async def hosts_lost(self, names: set[str]) -> Any:
-        """Tell every job activation here that these host actors are gone."""
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> Any:
+        """Tell every job activation here that these host actors are gone: each name with
+        the incarnation (Ray's actor id) that died, None when it is not known."""
         ...
 
     async def catalog(self) -> KeyCatalog:
@@ -158,7 +159,8 @@ class MembershipWatch:
             self._spawn(self.host.hosts_changed())
         if change.hosts_gone:
             self.lost.extend(sorted(change.hosts_gone))
-            self._spawn(self.host.hosts_lost(set(change.hosts_gone)))
+            gone = {name: before.incarnations.get(name) for name in sorted(change.hosts_gone)}
+            self._spawn(self.host.hosts_lost(gone))
         if change.losses:
             self.request_pass()
         self._start_nodes(snapshot, change.joined_nodes | _killed(before, snapshot, change))

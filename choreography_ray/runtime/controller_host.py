@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from ..engine.context import EngineContext
@@ -87,7 +88,7 @@ class ControllerHost(Host, PreviousReleaseCalls):
         await self.ready()
         await self.manager(key).adopt(job_id)
 
-    async def hosts_lost(self, names: set[str]) -> int:
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> int:
         """Worker hosts that are gone: their steps are sent again (`ControllerRecovery`)."""
         return await self.recovery.hosts_lost(names)
 

@@ -60,8 +60,9 @@ class ControllerPort(Protocol):
         """The jobs manager of a partition, made when first asked for."""
         ...
 
-    async def hosts_lost(self, names: set[str]) -> int:
-        """Worker hosts that are gone: their steps are sent again."""
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> int:
+        """Worker hosts that are gone, each with the incarnation that died (None: not known):
+        their steps are sent again."""
         ...
 
     async def nodes_draining(self, drains: dict[str, float]) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from ..jobs.state import JobKey
 from ..recovery.keys import KeyCatalogReader
+from ..recovery.membership import Deaths
 from ..recovery.retries import Partitions
 from ..recovery.watch import MembershipWatch
 from .constants import WORKER_PREFIX
@@ -31,6 +33,7 @@ class ControllerRecovery:
         self.membership: MembershipWatch | None = None
         self.lost_steps = 0
         """Steps sent again (or counted stopped) because their worker host was lost."""
+        self._deaths = Deaths()
         self.moved_runs = 0
         """Queued runs moved to worker hosts that joined."""
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -111,19 +114,30 @@ class ControllerRecovery:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def host_gone(self, name: str) -> None:
+    def host_gone(self, name: str, incarnation: str | None) -> None:
         """A worker host died (Ray said so on a call, or it left Ray's named actors): its
         steps are sent again at once. One that merely did not answer in time is not taken
         for dead: its runs may still be going."""
         if name.startswith(WORKER_PREFIX):
-            self._spawn(self.hosts_lost({name}))
+            self._spawn(self.hosts_lost({name: incarnation}))
 
-    async def hosts_lost(self, names: set[str]) -> int:
-        """Worker hosts that are gone (died, killed, or their node was lost): every live job
-        activation here sends the starts they took again, or counts them stopped for a job
-        being stopped. Returns how many steps were affected. Called by the routing table and
-        by the membership watch; a second call for the same loss finds nothing left."""
-        lost = frozenset(n for n in names if n.startswith(WORKER_PREFIX))
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> int:
+        """Worker hosts that are gone (died, killed, or their node was lost), each with the
+        incarnation that died: every live job activation here sends the starts they took
+        again, or counts them stopped for a job being stopped. Returns how many steps were
+        affected.
+
+        The routing table and the membership watch both tell of a death, at their own
+        times. A killed host is started again under its name at once, and steps sent again
+        after the first telling may go to the new incarnation: a second telling by name
+        would take those from a live host and send them once more, to run twice (seen in the
+        chaos soak: runs begun after their step's success was stored). So each incarnation's
+        death is told once; one not known (None) is told every time."""
+        lost = frozenset(
+            name
+            for name, incarnation in names.items()
+            if name.startswith(WORKER_PREFIX) and self._deaths.first(incarnation)
+        )
         if not lost:
             return 0
         affected = 0

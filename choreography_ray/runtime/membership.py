@@ -109,7 +109,7 @@ class ControllerParticipant:
     def is_controller(self, name: str) -> bool:
         return name.startswith(CONTROLLER_PREFIX)
 
-    async def hosts_lost(self, names: set[str]) -> None:
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> None:
         """The routing table drops them first, so the steps sent again go to live hosts
         only (a call to a host on a dead node may hang until `host_call_timeout`)."""
         for name in sorted(names):

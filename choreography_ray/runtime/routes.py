@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from ..engine.clock import Clock
@@ -26,6 +26,13 @@ from .wire import send
 T = TypeVar("T")
 
 log = logging.getLogger("choreography_ray.runtime")
+
+
+def incarnation(handle: Any) -> str | None:
+    """Which incarnation of a host a handle reaches: its Ray actor id, as Ray's actor table
+    lists it (None for no handle, or a stand-in without one)."""
+    actor_id = getattr(handle, "_actor_id", None)
+    return actor_id.hex() if actor_id is not None else None
 
 
 class HostDirectory(Protocol):
@@ -69,7 +76,9 @@ class Routes:
         self._handles: dict[str, Any] = {}
         self._suspects: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
-        self._dead_listeners: list[Callable[[str], None]] = []
+        self._dead_listeners: list[Callable[[str, str | None], None]] = []
+        self._last: dict[str, Any] = {}
+        """The handle each host had when it left the table: which incarnation died."""
         self._joined_listeners: list[Callable[[list[str]], None]] = []
         self._announced: set[str] = set()
         """Hosts whose death was told, until a reading lists the name again (a new one)."""
@@ -90,10 +99,11 @@ class Routes:
         """Call `listener(name)` whenever a host leaves the table (where re-dispatch hooks in)."""
         self._listeners.append(listener)
 
-    def on_dead(self, listener: Callable[[str], None]) -> None:
-        """Call `listener(name)` once a host is known dead: Ray said so on a call, or a reading
-        no longer lists it. A host that only did not answer in time is not dead: it stays a
-        suspect until it answers again or vanishes."""
+    def on_dead(self, listener: Callable[[str, str | None], None]) -> None:
+        """Call `listener(name, incarnation)` once a host is known dead (the incarnation: the
+        Ray actor id of the handle that died, None when not known): Ray said so on a call, or
+        a reading no longer lists it. A host that only did not answer in time is not dead: it
+        stays a suspect until it answers again or vanishes."""
         self._dead_listeners.append(listener)
 
     @property
@@ -145,13 +155,15 @@ class Routes:
             if isinstance(error, HostGone) or self.directory.gone(error):
                 self.forget(name)
                 if self.directory.dead(error):
-                    self._died([name])
+                    self._died([name], {name: incarnation(handle)})
             raise
 
     def forget(self, name: str) -> None:
         """Take a host out of the table until a reading finds it answering again."""
         self._suspects.add(name)
-        if self._handles.pop(name, None) is not None:
+        handle = self._handles.pop(name, None)
+        if handle is not None:
+            self._last[name] = handle
             self._changed([name])
             if self._refreshing is None or self._refreshing.done():
                 self._refreshing = asyncio.get_running_loop().create_task(self._read())
@@ -198,6 +210,9 @@ class Routes:
             if kept is not None and name not in self._suspects:
                 handles[name] = kept
         vanished = sorted((set(self._handles) | self._suspects) - set(found))
+        for name in vanished:
+            if name in self._handles:
+                self._last[name] = self._handles[name]
         self._announced -= set(found)
         self._suspects &= set(found)
         lost = sorted(set(self._handles) - set(handles))
@@ -210,13 +225,15 @@ class Routes:
         self._died(vanished)
         self._ping({name: found[name] for name in self._suspects if found[name] is not None})
 
-    def _died(self, names: list[str]) -> None:
+    def _died(self, names: list[str], known: Mapping[str, str | None] | None = None) -> None:
         for name in names:
+            last = self._last.pop(name, None)
             if name in self._announced:
                 continue
             self._announced.add(name)
+            died = (known or {}).get(name) or incarnation(last)
             for listener in self._dead_listeners:
-                listener(name)
+                listener(name, died)
 
     def _ping(self, suspects: dict[str, Any]) -> None:
         """Ping the listed suspects whose handle is not already being pinged, in a task of

@@ -173,6 +173,8 @@ class Host:
         self.name = name
         self.complete = complete
         self.lost: list[set[str]] = []
+        self.told: list[dict[str, str | None]] = []
+        """Each loss with the incarnations that died."""
         self.passes: list[tuple[JobKey, ...]] = []
         self.started: list[str] = []
         self.changed = 0
@@ -186,8 +188,9 @@ class Host:
     def is_controller(self, host: str) -> bool:
         return host.startswith("c:")
 
-    async def hosts_lost(self, names: set[str]) -> None:
-        self.lost.append(names)
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> None:
+        self.lost.append(set(names))
+        self.told.append(dict(names))
 
     async def catalog(self) -> KeyCatalog:
         return KeyCatalog((JobKey(),), () if self.complete else ("a provider",))
@@ -427,6 +430,7 @@ def test_a_host_replaced_between_two_readings_is_lost_and_needs_no_start(run: An
         readings.then(incarnated(snapshot(HEAD, W1, W2), w1="actor-1b", w2="actor-2"))
         await _tick(clock, readings)
         assert host.lost == [{"w:w1"}] and host.passes == [(JobKey(),)]
+        assert host.told == [{"w:w1": "actor-1"}]  # the incarnation that died, not its successor
         assert host.started == []  # already started again, by another controller's watch
         await _tick(clock, readings)  # the new incarnation read again: no new change
         assert len(host.lost) == 1

@@ -27,6 +27,11 @@ class HostStub:
         self.asked = 0
         """Calls made, answered or not."""
 
+    @property
+    def _actor_id(self) -> _ActorId:
+        """Which incarnation this is, as a Ray handle's actor id says."""
+        return _ActorId(f"{self.name}#{self.epoch}")
+
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
             raise AttributeError(method)
@@ -42,6 +47,14 @@ class HostStub:
             raise self.failing
         self.calls.append((method, args))
         return {"ping": self.epoch, "start_steps": [], "stop_steps": StopResult()}.get(method)
+
+
+class _ActorId:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def hex(self) -> str:
+        return self.text
 
 
 class _Method:

@@ -13,6 +13,14 @@ from pathlib import Path
 from .conftest import ROOT
 
 
+def _as_from_a_shell() -> None:
+    """The demo starts as a shell starts it, with Ctrl-C's signal neither blocked nor ignored:
+    a child inherits both from the thread that starts it, and this test process runs Ray
+    and other tests' threads first."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _demo(cwd: Path, steps: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "choreography_ray.cli", "demo", "--steps", str(steps)],
@@ -21,6 +29,18 @@ def _demo(cwd: Path, steps: int) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=_as_from_a_shell,
+    )
+
+
+def _signals(pid: int) -> str:
+    """The process's blocked, ignored and caught signal masks, as the kernel shows them."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "(gone)"
+    return " ".join(
+        line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
     )
 
 
@@ -60,9 +80,10 @@ def test_an_interrupted_demo_resumes_the_same_job_when_run_again(tmp_path):
             if done >= 50:
                 break
         time.sleep(0.05)
+    masks = _signals(demo.pid)
     demo.send_signal(signal.SIGINT)
     first, _ = demo.communicate(timeout=60)
-    assert "interrupted" in first, first
+    assert "interrupted" in first, f"{first}\nthe demo's signal masks when interrupted: {masks}"
     before = _counts(db)
     [job_id] = {job for job, _, _ in before}
     assert sum(n for _, status, n in before if status == 3) < STEPS

@@ -5,6 +5,7 @@ retried key source finds is recovered."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ class _Host:
         self.calls: list[str] = []
         self.routes = _Routes(self.calls)
 
-    async def hosts_lost(self, names: set[str]) -> int:
+    async def hosts_lost(self, names: Mapping[str, str | None]) -> int:
         self.calls.append(f"lost {sorted(names)}")
         return 0
 
@@ -56,7 +57,7 @@ def test_lost_hosts_leave_the_routing_table_before_the_steps_are_sent_again(run:
     host = _Host()
     participant = ControllerParticipant(host, object, cluster=None)  # type: ignore[arg-type]
     gone = worker_name("dead")
-    run(participant.hosts_lost({gone}))
+    run(participant.hosts_lost({gone: None}))
     assert host.calls == [f"forget {gone}", f"lost ['{gone}']"]
 
 

@@ -333,8 +333,8 @@ def test_only_a_host_known_dead_is_announced_dead_and_only_once(run) -> None:
 
     async def scenario() -> None:
         directory, routes, clock, _ = cluster()
-        dead: list[str] = []
-        routes.on_dead(dead.append)
+        dead: list[tuple[str, str | None]] = []
+        routes.on_dead(lambda name, died: dead.append((name, died)))
         await routes.start()
         directory.hosts[WORKERS[1]].hung = True
         dispatcher = RayDispatcher(routes, CONTROLLER)
@@ -347,12 +347,12 @@ def test_only_a_host_known_dead_is_announced_dead_and_only_once(run) -> None:
         directory.hosts[WORKERS[0]].dead = True
         with pytest.raises(DeadHost):
             await routes.call(WORKERS[0], "ping")
-        assert dead == [WORKERS[0]]
+        assert dead == [(WORKERS[0], f"{WORKERS[0]}#1")]  # with the incarnation that died
         del directory.hosts[WORKERS[1]]
         del directory.hosts[WORKERS[0]]
         await routes.refresh()
         await routes.refresh()
-        assert dead == [WORKERS[0], WORKERS[1]]  # each once
+        assert dead == [(WORKERS[0], f"{WORKERS[0]}#1"), (WORKERS[1], f"{WORKERS[1]}#1")]
         routes.close()
         await settle()
 
