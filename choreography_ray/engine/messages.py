@@ -115,9 +115,9 @@ PackedStart = tuple[Any, ...]
 """A `StepStart`'s fields in order: four for a host without the `work-moves` capability."""
 PackedReport = tuple[Any, ...]
 """A `StepReport`'s fields in order, its status as an int, its decision as JSON. Where the
-decision goes, an older release sent (and reads) whether the failure was non-retryable: a
-report without a decision carries that flag there for such a host, and a flag read there is
-no decision (the error says the same)."""
+decision goes, the previous release sent (and reads, by its truth) whether the failure was
+non-retryable: a host of that release gets that flag there, never a decision
+(`previous_flag`), and a flag read there is no decision (the error says the same)."""
 
 
 def pack_starts(starts: Sequence[StepStart], *, urgency: bool = True) -> list[PackedStart]:
@@ -132,7 +132,19 @@ def unpack_starts(packed: Sequence[PackedStart]) -> list[StepStart]:
     return [StepStart(*fields) for fields in packed]
 
 
-def pack_reports(reports: Sequence[StepReport]) -> list[PackedReport]:
+def previous_flag(report: StepReport) -> bool:
+    """The previous release's `non_retryable` for `report`: the error's own flag, or a final
+    decision stored for this attempt, so that a host of that release never retries what this
+    job decided final. A stored retry reads False: that host's own rule decides it then."""
+    if report.error is not None and report.error.non_retryable:
+        return True
+    decision = report.decision
+    return decision is not None and decision.attempt == report.attempt and not decision.retry
+
+
+def pack_reports(reports: Sequence[StepReport], *, decisions: bool = True) -> list[PackedReport]:
+    """Plain tuples; without `decisions` (a controller host of the previous release, which
+    reads nine fields, the last its flag by its truth) every last field is `previous_flag`."""
     return [
         (
             r.step_id,
@@ -144,8 +156,8 @@ def pack_reports(reports: Sequence[StepReport]) -> list[PackedReport]:
             r.result,
             r.error,
             r.decision.model_dump_json()
-            if r.decision is not None
-            else bool(r.error and r.error.non_retryable),
+            if decisions and r.decision is not None
+            else previous_flag(r),
         )
         for r in reports
     ]
@@ -169,6 +181,32 @@ def unpack_reports(packed: Sequence[PackedReport]) -> list[StepReport]:
     ]
 
 
-def exceptional(results: Sequence[StartResult]) -> list[StartResult]:
-    """The results worth sending back: a start with none simply started."""
-    return [result for result in results if result.outcome != StartOutcome.STARTED]
+def for_previous_release(report: StepReport) -> StepReport:
+    """`report` as a host of the previous release reads it when it crosses as itself (a start's
+    answer): Ray pickles it field by field, and that release's `StepReport` has its
+    `non_retryable` flag where the decision is (and no `StepDecision` to unpickle)."""
+    return StepReport._make((*report[:-1], previous_flag(report)))
+
+
+def arrived(report: StepReport) -> StepReport:
+    """`report` as it came from another host: one from a worker host of the previous release
+    has its `non_retryable` flag where the decision goes, which is no decision (its error
+    holds the same flag)."""
+    if report.decision is None or isinstance(report.decision, StepDecision):
+        return report
+    return report._replace(decision=None)
+
+
+def exceptional(results: Sequence[StartResult], *, decisions: bool = True) -> list[StartResult]:
+    """The results worth sending back: a start with none simply started. Without
+    `decisions` (a controller host of the previous release) a stored outcome's report is
+    sent in that release's shape (`for_previous_release`)."""
+    found = [result for result in results if result.outcome != StartOutcome.STARTED]
+    if decisions:
+        return found
+    return [
+        result._replace(report=for_previous_release(result.report))
+        if result.report is not None
+        else result
+        for result in found
+    ]

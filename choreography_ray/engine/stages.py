@@ -13,7 +13,7 @@ from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
-from .messages import StartOutcome, StartResult, StepReport, StepStart
+from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
 from .ports import Dispatched
 from .record import Released, save_all
@@ -276,9 +276,10 @@ class Stages:
             self.ledger.runs_on(result.step_id, result.reason)  # its live run reports there
             return 0
         if result.outcome == StartOutcome.COMPLETED and result.report is not None:
-            retry = await self.outcomes.handle(result.report)
+            report = arrived(result.report)
+            retry = await self.outcomes.handle(report)
             if retry is not None:
-                self.retry(result.step_id, result.report.attempt + 1, retry.at)
+                self.retry(result.step_id, report.attempt + 1, retry.at)
             return 0
         ledger = self.ledger
         tracked = ledger.forget(result.step_id)

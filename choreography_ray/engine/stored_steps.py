@@ -72,8 +72,16 @@ def stored_outcome(
 
 def outcome_report(state: JobStepState, generation: int, attempt: int) -> StepReport:
     """The report of the outcome `state` holds, as run `generation`/`attempt` stored it: the
-    one way a report is made, by the run that wrote it and from a record read back."""
+    one way a report is made, by the run that wrote it and from a record read back. It carries
+    the decision stored for its own failed attempt, no other: a run stopped before it performed
+    keeps the record's earlier decision, which would only cross hosts (and a host of the
+    previous release cannot unpickle one)."""
     error = state.error
+    decision = state.decision
+    if decision is not None and (
+        decision.attempt != attempt or state.status != JobStepStatus.COMPLETED_WITH_FAILURE
+    ):
+        decision = None
     return StepReport(
         step_id=state.id,
         status=state.status,
@@ -83,7 +91,7 @@ def outcome_report(state: JobStepState, generation: int, attempt: int) -> StepRe
         name=state.name,
         result=payload_tuple(state.result or (error.partial_result if error else None)),
         error=error,
-        decision=state.decision,
+        decision=decision,
     )
 
 

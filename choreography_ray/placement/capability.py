@@ -20,7 +20,11 @@ PLAN_STORAGE = "external-plan-storage"
 WORK_MOVES = "work-moves"
 """A worker host that queues urgent starts first and hands back queued runs (`moves_work`)."""
 
-CAPABILITIES: tuple[str, ...] = (PLAN_STORAGE, WORK_MOVES)
+STEP_DECISIONS = "step-decisions"
+"""A controller host that reads a step's stored decision in a report, where the previous
+release reads a `non_retryable` flag (`reads_decisions`)."""
+
+CAPABILITIES: tuple[str, ...] = (PLAN_STORAGE, WORK_MOVES, STEP_DECISIONS)
 """What this release of a host can do that an older one cannot, for clusters that run two
 releases during an upgrade. Each is read where it matters; one nobody reads is not advertised
 (docs/decisions.md, "Capabilities are advertised only where they are read")."""
@@ -128,3 +132,10 @@ def moves_work(advert: HostAdvert) -> bool:
     """Whether a worker host takes urgent starts first and hands back queued runs: a host of
     an older release reads four fields of a start and has no `give_up`."""
     return WORK_MOVES in advert.capabilities
+
+
+def reads_decisions(advert: HostAdvert | None) -> bool:
+    """Whether a controller host reads a step's stored decision in the reports it is sent: a
+    host of the previous release (or one that has not advertised, taken as such) reads a
+    `non_retryable` flag there, by its truth, and is sent that flag instead."""
+    return advert is not None and STEP_DECISIONS in advert.capabilities

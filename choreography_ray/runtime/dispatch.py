@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from ..engine.clock import Clock, SystemClock
 from ..engine.messages import (
+    PackedReport,
     SettledStops,
     StepReport,
     StepStart,
@@ -23,7 +24,7 @@ from ..engine.ports import Dispatched
 from ..engine.step_types import StepTypes
 from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
-from ..placement.capability import HostAdvert, moves_work
+from ..placement.capability import HostAdvert, moves_work, reads_decisions
 from ..placement.choice import Placement
 from ..placement.spreading import WorkerLoad, WorkerLoads
 from .routes import Routes
@@ -264,13 +265,31 @@ class _Recent(OrderedDict[tuple[JobKey, str], str]):
 class RayReporter:
     """Sends step outcomes to the controller host of their job."""
 
-    def __init__(self, routes: Routes) -> None:
+    def __init__(self, routes: Routes, adverts: AdvertsOf | None = None) -> None:
         self.routes = routes
+        self.adverts = adverts
+        """What the controller hosts advertise, so that each is sent reports in the shape its
+        release reads; None takes every host as this release (tests)."""
         self.controllers = _Recent()
+
+    async def reads_decisions(self, controller: str) -> bool:
+        """Whether controller host `controller` reads a stored decision in a report (one that
+        has not advertised is taken as the previous release, which reads a flag there)."""
+        if self.adverts is None:
+            return True
+        names = self.routes.controllers
+        adverts = await self.adverts(names if controller in names else [*names, controller])
+        return reads_decisions(adverts.get(controller))
+
+    async def _packed(
+        self, names: Iterator[str], reports: Sequence[StepReport]
+    ) -> AsyncIterator[tuple[str, list[PackedReport]]]:
+        """Each host of `names`, with `reports` packed as its release reads them."""
+        for name in names:
+            yield name, pack_reports(reports, decisions=await self.reads_decisions(name))
 
     async def report(self, job_key: JobKey, job_id: str, reports: Sequence[StepReport]) -> None:
         name = self.controllers.get((job_key, job_id))
-        packed = pack_reports(reports)
 
         def candidates() -> Iterator[str]:
             if name is not None:
@@ -280,7 +299,7 @@ class RayReporter:
             yield from (n for n in self.routes.controllers if n != name)
 
         last: BaseException | None = None
-        for candidate in candidates():
+        async for candidate, packed in self._packed(candidates(), reports):
             try:
                 await self.routes.controller(candidate).deliver(job_key, job_id, packed)
                 if candidate != name:

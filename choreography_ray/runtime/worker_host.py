@@ -22,7 +22,7 @@ from ..engine.messages import (
 from ..engine.worker import StepWorker
 from ..jobs.registry import default_registry
 from ..jobs.state import JobKey
-from .adverts import delete_advert
+from .adverts import Adverts, delete_advert
 from .constants import worker_name
 from .dispatch import RayReporter
 from .host import Host
@@ -40,7 +40,7 @@ class WorkerHost(Host):
         self, namespace: str, node_id: str, max_parallel_steps: int | None, index: int = 0
     ) -> None:
         super().__init__(namespace, node_id, worker_name(node_id, index))
-        self.reporter = RayReporter(self.routes)
+        self.reporter = RayReporter(self.routes, Adverts(namespace, self.clock).of)
         self.metrics = Metrics("worker")
         self.worker = StepWorker(
             storage_for=self.provider.for_key,
@@ -90,7 +90,7 @@ class WorkerHost(Host):
         await self.ready()
         self.reporter.controllers[(job_key, job_id)] = controller
         results = await self.worker.start_steps(job_key, job_id, job_type, unpack_starts(starts))
-        return exceptional(results)
+        return exceptional(results, decisions=await self.reporter.reads_decisions(controller))
 
     async def load(self) -> tuple[int, int]:
         """The runs this host holds (performing and queued) and how many it performs at once:

@@ -8,6 +8,7 @@ from choreography_ray.jobs import NoEligibleJobWorker
 from choreography_ray.placement.capability import (
     CAPABILITIES,
     PLAN_STORAGE,
+    STEP_DECISIONS,
     WORK_MOVES,
     HostAdvert,
     eligible,
@@ -16,6 +17,7 @@ from choreography_ray.placement.capability import (
     hosts_of_type_have,
     import_failures,
     moves_work,
+    reads_decisions,
 )
 from choreography_ray.placement.choice import Placement
 from choreography_ray.runtime.adverts import WITHHELD_ENV, advertised_capabilities
@@ -99,6 +101,7 @@ GATES = {
         [advert.name], {advert.name: advert}, "geo.Index", PLAN_STORAGE
     ),
     WORK_MOVES: moves_work,
+    STEP_DECISIONS: reads_decisions,
 }
 
 
@@ -119,4 +122,4 @@ def test_a_host_without_a_capability_is_gated_as_an_older_release(capability: st
 
 def test_a_withheld_capability_is_not_advertised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(WITHHELD_ENV, f" {WORK_MOVES} ,")
-    assert advertised_capabilities() == [PLAN_STORAGE]
+    assert advertised_capabilities() == [PLAN_STORAGE, STEP_DECISIONS]
