@@ -112,7 +112,7 @@ class AutoscaleRequests:
         for name, answer in zip(
             others,
             await asyncio.gather(
-                *(routes.call(name, "outstanding_steps") for name in others),
+                *(routes.controller(name).outstanding_steps() for name in others),
                 return_exceptions=True,
             ),
             strict=True,
@@ -144,7 +144,7 @@ class AutoscaleRequests:
                 hosts.setdefault(node, []).append(name)
         names = [name for node_hosts in hosts.values() for name in node_hosts]
         loads = await asyncio.gather(
-            *(routes.call(name, "load") for name in names), return_exceptions=True
+            *(routes.worker(name).load() for name in names), return_exceptions=True
         )
         busy = dict.fromkeys(hosts, False)
         for name, load in zip(names, loads, strict=True):
@@ -167,7 +167,7 @@ class AutoscaleRequests:
     async def _retire(self, node: str, names: list[str]) -> None:
         await asyncio.to_thread(mark_retired, self.host.namespace, node)
         answers = await asyncio.gather(
-            *(self.host.routes.call(name, "retire") for name in names), return_exceptions=True
+            *(self.host.routes.worker(name).retire() for name in names), return_exceptions=True
         )
         if any(answer is False for answer in answers):  # work arrived meanwhile: it stays
             await asyncio.to_thread(mark_retired, self.host.namespace, node, False)

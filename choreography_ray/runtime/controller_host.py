@@ -124,8 +124,7 @@ class ControllerHost(Host, PreviousReleaseCalls):
         return frozenset(self.routes.workers)
 
     async def _ping(self, host: str) -> int:
-        epoch: int = await self.routes.call(host, "ping")
-        return epoch
+        return await self.routes.controller(host).ping()
 
     def manager(self, key: JobKey) -> JobsManager:
         manager = self.managers.get(key)
@@ -161,7 +160,7 @@ class ControllerHost(Host, PreviousReleaseCalls):
             return await self.ask(elsewhere.host, operation)
 
     async def ask(self, host: str, operation: Operation[T]) -> T:
-        return await self.routes.ask(host, operation)
+        return await self.routes.controller(host).ask(operation)
 
     def successor(self) -> str | None:
         if self.drains.leaving and (successors := self.drains.successors()):

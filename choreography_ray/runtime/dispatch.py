@@ -88,9 +88,7 @@ class RayDispatcher:
         shares = spread.shares
         names = list(shares)
         calls = [
-            self.routes.call(
-                name,
-                "start_steps",
+            self.routes.worker(name).start_steps(
                 self.controller,
                 job_key,
                 job_id,
@@ -127,8 +125,7 @@ class RayDispatcher:
         callable_ = set(self.routes.workers) | set(self.routes.draining)
         names = [n for n in shares if n in callable_ and self._moves(n, adverts)]
         calls = [
-            self.routes.call(name, "give_up_queued", job_key, job_id, shares[name])
-            for name in names
+            self.routes.worker(name).give_up_queued(job_key, job_id, shares[name]) for name in names
         ]
         given: list[str] = []
         for name, answer in zip(
@@ -154,7 +151,7 @@ class RayDispatcher:
     async def _read_loads(self, asked: dict[str, int]) -> None:
         names = list(asked)
         answers = await asyncio.gather(
-            *(self.routes.call(name, "load") for name in names), return_exceptions=True
+            *(self.routes.worker(name).load() for name in names), return_exceptions=True
         )
         for name, answer in zip(names, answers, strict=True):
             try:
@@ -177,7 +174,7 @@ class RayDispatcher:
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
         names = list(self.routes.workers)
-        calls = [self.routes.call(name, "stop_steps", request) for name in names]
+        calls = [self.routes.worker(name).stop_steps(request) for name in names]
         merged = StopResult()
         silent: list[BaseException] = []
         for name, answer in zip(
@@ -200,7 +197,7 @@ class RayDispatcher:
 
     async def locate(self, job_key: JobKey, job_id: str) -> dict[str, str]:
         names = list(self.routes.workers)
-        calls = [self.routes.call(name, "held_steps", job_key, job_id) for name in names]
+        calls = [self.routes.worker(name).held_steps(job_key, job_id) for name in names]
         held: dict[str, str] = {}
         answers = await asyncio.gather(*calls, return_exceptions=True)
         for name, answer in zip(names, answers, strict=True):
@@ -215,7 +212,7 @@ class RayDispatcher:
     ) -> list[str]:
         names = [name for name in by_host if name in self.routes.workers]
         calls = [
-            self.routes.call(name, "running_steps", job_key, job_id, list(by_host[name]))
+            self.routes.worker(name).running_steps(job_key, job_id, list(by_host[name]))
             for name in names
         ]
         gone: list[str] = []
@@ -233,7 +230,7 @@ class RayDispatcher:
         """Every worker host stops its runs of the steps and waits for them. A step a host
         that did not answer may run is timed out, never taken as not running."""
         calls = [
-            self.routes.call(name, "stop_and_wait", request, within) for name in self.routes.workers
+            self.routes.worker(name).stop_and_wait(request, within) for name in self.routes.workers
         ]
         merged = SettledStops()
         silent = False
@@ -304,7 +301,7 @@ class RayReporter:
         last: BaseException | None = None
         async for candidate, packed in self._packed(candidates(), reports):
             try:
-                await self.routes.call(candidate, "deliver", job_key, job_id, packed)
+                await self.routes.controller(candidate).deliver(job_key, job_id, packed)
                 if candidate != name:
                     self.controllers[(job_key, job_id)] = candidate  # it took the job over
                 return

@@ -83,7 +83,7 @@ class Drains:
             if host.elected:
                 for name in workers:
                     try:
-                        await routes.call(name, "drain", drains[host_node(name)])
+                        await routes.worker(name).drain(drains[host_node(name)])
                     except Exception as error:  # gone already: its runs were lost with it
                         log.warning("%s: %s not told of its drain: %s", host.name, name, error)
         if host.node_id in drains:
@@ -108,10 +108,10 @@ class Drains:
         owners: dict[str, JobOwner] = {}
         for name in successors:
             try:
-                epoch = await self.host.routes.call(name, "ping")
+                epoch = await self.host.routes.controller(name).ping()
             except Exception:
                 continue
-            owners[name] = JobOwner(host=name, activation_epoch=int(epoch))
+            owners[name] = JobOwner(host=name, activation_epoch=epoch)
         names = sorted(owners)
         turn = 0
         for key, manager in list(self.host.managers.items()):
@@ -135,7 +135,7 @@ class Drains:
 
     async def _adopt(self, successor: str, key: JobKey, job_id: str) -> None:
         try:
-            await self.host.routes.call(successor, "adopt", key, job_id)
+            await self.host.routes.controller(successor).adopt(key, job_id)
         except Exception as error:  # it owns the job: its next report or sweep recovers it
             log.warning("%s: %s did not adopt %s yet: %s", self.host.name, successor, job_id, error)
 

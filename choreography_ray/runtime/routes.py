@@ -8,6 +8,9 @@ failed (it died, or did not answer within `host_call_timeout`) leaves the table 
 that timed out comes back only once it answers a ping. The pings run apart from the reading:
 a suspect that hangs while still listed must not hold up every `refresh` (and every message
 that waits for one) for a whole bound.
+
+Messages are typed per role (`host_calls`): `routes.worker(name).stop_steps(request)`; each
+goes through `send`, which the bound and the suspect/dead handling wrap.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from typing import Any, Protocol, TypeVar
 from ..engine.clock import Clock
 from ..recovery.liveness import Bound, HostGone
 from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, WORKER_PREFIX
-from .operations import Operation
-from .wire import send
+from .host_calls import ControllerHostCalls, WorkerHostCalls
 
 T = TypeVar("T")
 
@@ -134,23 +136,24 @@ class Routes:
         for ping in self._pings:
             ping.cancel()
 
-    async def ask(self, name: str, operation: Operation[T]) -> T:
-        """Have controller host `name` perform a client's request (`operations`), bounded
-        and looked after as `call` is."""
-        answer: T = await self._send(name, lambda handle: send(handle, operation))
-        return answer
+    def worker(self, name: str) -> WorkerHostCalls:
+        """Worker host `name`, called through this table: one typed method per message."""
+        return WorkerHostCalls(self, name)
 
-    async def call(self, name: str, method: str, *args: Any) -> Any:
-        """Call `method` of host `name`, bounded by the timeout; a host that is gone leaves
-        the table (and the table is read again) before the error is raised."""
-        return await self._send(name, lambda handle: getattr(handle, method).remote(*args))
+    def controller(self, name: str) -> ControllerHostCalls:
+        """Controller host `name`, called through this table: one typed method per message."""
+        return ControllerHostCalls(self, name)
 
-    async def _send(self, name: str, sending: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def send(self, name: str, sending: Callable[[Any], Awaitable[T]]) -> T:
+        """`sending(handle)` for host `name` (the typed calls of `host_calls` name the actor
+        method), bounded by the timeout; a host that is gone leaves the table (and the table
+        is read again) before the error is raised."""
         handle = self._handles.get(name)
         if handle is None:
             handle = await self._find(name)
         try:
-            return await self.bound(sending(handle), name)
+            answer: T = await self.bound(sending(handle), name)
+            return answer
         except Exception as error:
             if isinstance(error, HostGone) or self.directory.gone(error):
                 self.forget(name)

@@ -159,10 +159,7 @@ class WorkerHost(Host):
         self, host: str, job_key: JobKey, job_id: str, step_ids: Sequence[str]
     ) -> tuple[str, list[str]]:
         """`StepPeers`: ask worker host `host` (bounded, through the routing table)."""
-        answer: tuple[str, list[str]] = await self.routes.call(
-            host, "running_steps", job_key, job_id, list(step_ids)
-        )
-        return answer
+        return await self.routes.worker(host).running_steps(job_key, job_id, list(step_ids))
 
     async def stop_and_wait(self, request: StopRequest, within: float) -> SettledStops:
         await self.ready()

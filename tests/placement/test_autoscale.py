@@ -21,6 +21,8 @@ from choreography_ray.placement.autoscale import (
 )
 from choreography_ray.runtime.autoscaling import AutoscaleRequests
 
+from ..runtime.host_stubs import TableStub
+
 
 @pytest.mark.parametrize(
     ("outstanding", "per_node", "cap", "nodes"),
@@ -46,7 +48,7 @@ def test_a_controller_that_does_not_answer_keeps_its_last_demand() -> None:
     assert demand.heard({"a": 30}, {"a"}) == 3  # b is gone: its steps are a's now or none's
 
 
-class _Routes:
+class _Routes(TableStub):
     def __init__(self, answers: dict[str, Any]) -> None:
         self.answers = answers
 
@@ -54,8 +56,8 @@ class _Routes:
     def controllers(self) -> list[str]:
         return sorted(self.answers)
 
-    async def call(self, name: str, method: str) -> Any:
-        assert method == "outstanding_steps"
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> Any:
+        assert method == "outstanding_steps" and args == ()
         answer = self.answers[name]
         if isinstance(answer, Exception):
             raise answer

@@ -17,8 +17,10 @@ from choreography_ray.placement.capability import HostAdvert
 from choreography_ray.placement.spreading import LOAD_CADENCE
 from choreography_ray.runtime.dispatch import RayDispatcher
 
+from ..runtime.host_stubs import TableStub
 
-class StubRoutes:
+
+class StubRoutes(TableStub):
     def __init__(self, workers: list[str]) -> None:
         self.workers = workers
         self.calls: list[tuple[str, str]] = []
@@ -33,10 +35,7 @@ class StubRoutes:
         for listener in self.gone:
             listener(name)
 
-    async def refresh(self) -> None:
-        return None
-
-    async def call(self, name: str, method: str, *args: Any) -> list[Any]:
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> list[Any]:
         self.calls.append((name, method))
         return []
 
@@ -102,7 +101,7 @@ class LoadedRoutes(StubRoutes):
         self.load = load
         self.took: dict[str, list[str]] = {}
 
-    async def call(self, name: str, method: str, *args: Any) -> Any:
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> Any:
         self.calls.append((name, method))
         if method == "load":
             return self.load[name]

@@ -21,6 +21,8 @@ from choreography_ray.placement.capability import STEP_DECISIONS, HostAdvert
 from choreography_ray.runtime.dispatch import RayReporter
 from choreography_ray.runtime.worker_host import WorkerHost
 
+from ..runtime.host_stubs import TableStub
+
 KEY = JobKey()
 RETRY = StepReport(
     "s",
@@ -36,13 +38,13 @@ ADVERTS = {
 }
 
 
-class StubRoutes:
+class StubRoutes(TableStub):
     def __init__(self, controllers: list[str], dead: tuple[str, ...] = ()) -> None:
         self.controllers = controllers
         self.dead = dead
         self.delivered: dict[str, list[Any]] = {}
 
-    async def call(self, name: str, method: str, *args: Any) -> None:
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> None:
         assert method == "deliver"
         if name in self.dead:
             raise ConnectionError(f"{name} died")

@@ -1,12 +1,17 @@
-"""In-process stand-ins for host actors and Ray's directory of them, for the routing tests."""
+"""In-process stand-ins for host actors, Ray's directory of them and the routing table, for the
+routing and dispatch tests."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from choreography_ray.engine.messages import StopResult
+from choreography_ray.runtime.host_calls import ControllerHostCalls, WorkerHostCalls
+
+T = TypeVar("T")
 
 
 class DeadHost(Exception):
@@ -58,12 +63,58 @@ class _ActorId:
 
 
 class _Method:
-    def __init__(self, host: HostStub, method: str) -> None:
+    """`handle.method`, as Ray's actor handle gives it: `.remote(*args)` makes the call."""
+
+    def __init__(self, host: Any, method: str) -> None:
         self.host = host
         self.method = method
 
     def remote(self, *args: Any) -> Any:
         return self.host.answer(self.method, args)
+
+
+class TableStub:
+    """A routing table without Ray or a directory: the hosts' typed calls (`host_calls`) as
+    the runtime makes them, each answered by `answer(name, method, args)`, which a test
+    overrides to stand in for the hosts."""
+
+    workers: list[str] = []
+    draining: list[str] = []
+    controllers: list[str] = []
+
+    def on_gone(self, listener: object) -> None:
+        return None
+
+    async def refresh(self) -> None:
+        return None
+
+    def worker(self, name: str) -> WorkerHostCalls:
+        return WorkerHostCalls(self, name)
+
+    def controller(self, name: str) -> ControllerHostCalls:
+        return ControllerHostCalls(self, name)
+
+    async def send(self, name: str, sending: Callable[[Any], Awaitable[T]]) -> T:
+        return await sending(_Handle(self, name))
+
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError(f"{name} was not expected to be asked {method}")
+
+
+class _Handle:
+    """Host `name`'s actor handle, answered by the table stub."""
+
+    def __init__(self, table: TableStub, name: str) -> None:
+        self.table = table
+        self.name = name
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self, method)
+
+    def answer(self, method: str, args: tuple[Any, ...]) -> Any:
+        return self.table.answer(self.name, method, args)
 
 
 class DirectoryStub:

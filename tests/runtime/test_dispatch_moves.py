@@ -8,8 +8,10 @@ import asyncio
 from choreography_ray.jobs import JobKey
 from choreography_ray.runtime.dispatch import RayDispatcher
 
+from .host_stubs import TableStub
 
-class Routes:
+
+class Routes(TableStub):
     """`w1` takes new work; `w2` is on a node Ray drains; `w3` left the table."""
 
     workers = ["w1"]
@@ -18,10 +20,7 @@ class Routes:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def on_gone(self, listener: object) -> None:
-        return None
-
-    async def call(self, name: str, method: str, *args: object) -> object:
+    async def answer(self, name: str, method: str, args: tuple[object, ...]) -> object:
         assert method == "give_up_queued"
         self.asked.append(name)
         return [f"{name}-queued"]

@@ -11,16 +11,15 @@ from choreography_ray.engine.messages import SettledStops, StepReport, StopReque
 from choreography_ray.jobs import HostError, JobKey, JobStepStatus
 from choreography_ray.runtime.dispatch import RayDispatcher
 
+from .host_stubs import TableStub
 
-class Routes:
+
+class Routes(TableStub):
     """Two worker hosts; `w2` does not answer."""
 
     workers = ["w1", "w2"]
 
-    def on_gone(self, listener: object) -> None:
-        return None
-
-    async def call(self, name: str, method: str, *args: object) -> object:
+    async def answer(self, name: str, method: str, args: tuple[object, ...]) -> object:
         if name == "w2":
             raise TimeoutError("no answer within 10s")
         if method == "stop_steps":

@@ -325,12 +325,12 @@ def test_the_routing_table_finds_hosts_once_and_drops_a_dead_one(ray_instance):
         try:
             assert routes.workers == names[:2] and routes.controllers == names[2:]
             for _ in range(20):
-                assert await routes.call(names[0], "ping") == 0
+                assert await routes.worker(names[0]).ping() == 0
             assert directory.readings == 1
             ray.kill(probes[1])
             await asyncio.to_thread(_wait_dead, probes[1])  # ray.kill is asynchronous
             with pytest.raises(ray.exceptions.RayActorError):
-                await routes.call(names[1], "ping")
+                await routes.worker(names[1]).ping()
             assert routes.workers == names[:1]
             await routes.refresh()  # Ray no longer lists it either
             assert routes.workers == names[:1] and directory.readings >= 2

@@ -33,6 +33,8 @@ from choreography_ray.runtime.previous_release import PreviousReleaseCalls, send
 from choreography_ray.runtime.wire import send
 from choreography_ray.storage import JobQuery
 
+from ..typecheck import mypy_errors
+
 KEY = JobKey(scope="s", namespace="n")
 REPORT = ("step-1", 3, 0, 1, 0, "a step", None, None, False)
 
@@ -292,19 +294,8 @@ async def calls(jobs: AsyncJobs, host: ControllerHost) -> None:
 def test_mypy_refuses_a_wrong_argument_and_an_answer_read_as_the_wrong_type(tmp_path):
     """The project's mypy configuration over a few calls: the right ones pass, a request
     built with a wrong argument and an answer read as another type are errors."""
-    from pathlib import Path
-
-    from mypy import api
-
-    root = Path(__file__).resolve().parents[2]
-    snippet = tmp_path / "calls.py"
-    snippet.write_text(CHECKED)
-    out, err, status = api.run(
-        ["--config-file", str(root / "pyproject.toml"), "--no-error-summary", str(snippet)]
-    )
-    errors = {int(line.split(":")[1]): line for line in out.splitlines() if ": error:" in line}
-    assert status == 1, out + err
-    assert set(errors) == {11, 12, 13, 14}, out
+    errors = mypy_errors(CHECKED, tmp_path)
+    assert set(errors) == {11, 12, 13, 14}, errors
     assert 'Argument 3 to "Drain" has incompatible type "str"; expected "float"' in errors[11]
     assert 'expected "Operation[int]"' in errors[12]
     assert 'expected "Operation[int]"' in errors[13]

@@ -24,6 +24,7 @@ TIMEOUT = 5.0
 CONTROLLER = controller_name("a")
 OTHER_CONTROLLER = controller_name("b")
 WORKERS = [worker_name("a"), worker_name("b")]
+STOP = StopRequest(KEY, "job", 1, ("s1",), False)
 
 
 def cluster() -> tuple[DirectoryStub, Routes, FakeClock, list[str]]:
@@ -56,7 +57,7 @@ def test_messages_read_the_table_and_never_look_hosts_up(run) -> None:
             await dispatcher.start_steps(KEY, "job", "type", starts(10), {})
             await reporter.report(KEY, "job", report())
         for _ in range(10):
-            await dispatcher.stop_steps(StopRequest(KEY, "job", 1, ("s1",), False))
+            await dispatcher.stop_steps(STOP)
         assert directory.name_lookups == 1  # on start only
         assert directory.handle_lookups == 4  # one per host, once
         assert threading.get_ident() not in directory.threads  # off the event loop
@@ -104,7 +105,7 @@ def test_the_owner_ping_is_bounded_too(run) -> None:
         directory, routes, clock, gone = cluster()
         await routes.start()
         directory.hosts[OTHER_CONTROLLER].hung = True
-        ping = asyncio_task(routes.call(OTHER_CONTROLLER, "ping"))
+        ping = asyncio_task(routes.controller(OTHER_CONTROLLER).ping())
         await settle()
         await clock.advance(TIMEOUT)
         with pytest.raises(HostGone):
@@ -113,7 +114,7 @@ def test_the_owner_ping_is_bounded_too(run) -> None:
         await until(lambda: directory.name_lookups == 2)
         for _ in range(10):  # still silent: gone at once, without a reading per call
             with pytest.raises(HostGone, match="has not answered since"):
-                await routes.call(OTHER_CONTROLLER, "ping")
+                await routes.controller(OTHER_CONTROLLER).ping()
         assert directory.name_lookups == 2
         routes.close()
 
@@ -169,7 +170,7 @@ def test_an_error_of_the_call_itself_leaves_the_host_in_the_table(run) -> None:
         await routes.start()
         directory.hosts[OTHER_CONTROLLER].failing = LookupError("no such job")
         with pytest.raises(LookupError):
-            await routes.call(OTHER_CONTROLLER, "stop")
+            await routes.controller(OTHER_CONTROLLER).adopt(KEY, "job")
         assert gone == [] and OTHER_CONTROLLER in routes.controllers
         assert directory.name_lookups == 1
         routes.close()
@@ -182,11 +183,11 @@ def test_a_host_the_table_does_not_know_is_looked_up_once(run) -> None:
         directory, routes, _, _ = cluster()
         await routes.start()
         late = directory.add(HostStub(controller_name("late"), epoch=7))
-        assert await routes.call(late.name, "ping") == 7
-        assert await routes.call(late.name, "ping") == 7
+        assert await routes.controller(late.name).ping() == 7
+        assert await routes.controller(late.name).ping() == 7
         assert directory.name_lookups == 2
         with pytest.raises(HostGone, match="no such host"):
-            await routes.call(controller_name("nowhere"), "ping")
+            await routes.controller(controller_name("nowhere")).ping()
         routes.close()
 
     run(scenario())
@@ -203,7 +204,7 @@ def test_a_host_is_looked_up_by_a_reading_that_began_after_it_was_asked_for(run)
         early = asyncio_task(routes.refresh())
         await until(lambda: directory.name_lookups == 2)  # the early reading has its list
         late = directory.add(HostStub(controller_name("late"), epoch=7))
-        asking = asyncio_task(routes.call(late.name, "ping"))
+        asking = asyncio_task(routes.controller(late.name).ping())
         await settle()
         directory.held.set()
         await early
@@ -265,7 +266,7 @@ def test_a_dead_host_is_not_a_suspect_forever(run) -> None:
         await routes.start()
         directory.hosts[WORKERS[0]].dead = True
         with pytest.raises(DeadHost):
-            await routes.call(WORKERS[0], "stop_steps")
+            await routes.worker(WORKERS[0]).stop_steps(STOP)
         await routes.refresh()  # still listed but not answering: stays out
         assert routes.workers == WORKERS[1:]
         directory.hosts[WORKERS[0]] = HostStub(WORKERS[0], epoch=2)  # a replacement
@@ -283,7 +284,7 @@ def test_a_replacement_is_pinged_while_the_old_host_s_ping_hangs(run) -> None:
         old = directory.hosts[WORKERS[0]]
         old.dead = True
         with pytest.raises(DeadHost):
-            await routes.call(WORKERS[0], "stop_steps")
+            await routes.worker(WORKERS[0]).stop_steps(STOP)
         old.dead, old.hung = False, True
         await routes.refresh()  # its ping hangs
         await until(lambda: old.asked == 2)
@@ -346,7 +347,7 @@ def test_only_a_host_known_dead_is_announced_dead_and_only_once(run) -> None:
         assert dead == []  # silent, still listed: a suspect, not dead
         directory.hosts[WORKERS[0]].dead = True
         with pytest.raises(DeadHost):
-            await routes.call(WORKERS[0], "ping")
+            await routes.worker(WORKERS[0]).ping()
         assert dead == [(WORKERS[0], f"{WORKERS[0]}#1")]  # with the incarnation that died
         del directory.hosts[WORKERS[1]]
         del directory.hosts[WORKERS[0]]
