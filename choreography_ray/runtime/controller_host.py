@@ -113,15 +113,16 @@ class ControllerHost(Host, PreviousReleaseCalls):
         older release runs one, plans stay inline (rolling upgrades)."""
         if not self.routes.controllers and not self.routes.workers:
             await self.routes.refresh()
-        live = [*self.routes.controllers, *self.routes.workers]
+        live = [*self.routes.controllers, *self.routes.reachable]
         return hosts_of_type_have(live, await self.adverts.of(live), job_type, PLAN_STORAGE)
 
     async def _alive(self, owner: JobOwner) -> bool:
         return await owner_alive(owner, self.me, self._ping)
 
     async def _active_workers(self) -> frozenset[str]:
-        """The worker hosts in the routing table (read off the loop, kept fresh)."""
-        return frozenset(self.routes.workers)
+        """The worker hosts in the routing table (read off the loop, kept fresh), draining
+        ones included: they live, and their runs renew their leases."""
+        return frozenset(self.routes.reachable)
 
     async def _ping(self, host: str) -> int:
         return await self.routes.controller(host).ping()

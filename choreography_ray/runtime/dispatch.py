@@ -122,8 +122,8 @@ class RayDispatcher:
         adverts = await self.adverts(list(shares)) if self.adverts is not None else {}
         # A draining host has left `workers` (it takes no new work) but is asked all the
         # same: its queued runs are exactly what must move.
-        callable_ = set(self.routes.workers) | set(self.routes.draining)
-        names = [n for n in shares if n in callable_ and self._moves(n, adverts)]
+        reachable = set(self.routes.reachable)
+        names = [n for n in shares if n in reachable and self._moves(n, adverts)]
         calls = [
             self.routes.worker(name).give_up_queued(job_key, job_id, shares[name]) for name in names
         ]
@@ -173,7 +173,7 @@ class RayDispatcher:
                 self.placement.step_hosts(job_type, step_type, workers, adverts)
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
-        names = list(self.routes.workers)
+        names = self.routes.reachable  # a draining host's runs are stopped too
         calls = [self.routes.worker(name).stop_steps(request) for name in names]
         merged = StopResult()
         silent: list[BaseException] = []
@@ -196,7 +196,7 @@ class RayDispatcher:
         return merged
 
     async def locate(self, job_key: JobKey, job_id: str) -> dict[str, str]:
-        names = list(self.routes.workers)
+        names = self.routes.reachable  # a draining host's runs are where they are
         calls = [self.routes.worker(name).held_steps(job_key, job_id) for name in names]
         held: dict[str, str] = {}
         answers = await asyncio.gather(*calls, return_exceptions=True)
@@ -210,7 +210,8 @@ class RayDispatcher:
     async def unheld(
         self, job_key: JobKey, job_id: str, by_host: Mapping[str, Sequence[str]]
     ) -> list[str]:
-        names = [name for name in by_host if name in self.routes.workers]
+        reachable = set(self.routes.reachable)
+        names = [name for name in by_host if name in reachable]
         calls = [
             self.routes.worker(name).running_steps(job_key, job_id, list(by_host[name]))
             for name in names
@@ -230,7 +231,8 @@ class RayDispatcher:
         """Every worker host stops its runs of the steps and waits for them. A step a host
         that did not answer may run is timed out, never taken as not running."""
         calls = [
-            self.routes.worker(name).stop_and_wait(request, within) for name in self.routes.workers
+            self.routes.worker(name).stop_and_wait(request, within)
+            for name in self.routes.reachable
         ]
         merged = SettledStops()
         silent = False

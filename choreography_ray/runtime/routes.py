@@ -113,6 +113,13 @@ class Routes:
         """Hosts of the table whose node Ray drains (not in `workers`), sorted."""
         return sorted(self._draining)
 
+    @property
+    def reachable(self) -> list[str]:
+        """Worker hosts that hold runs and are called about them, sorted: those that take new
+        work and those whose node drains. A draining host takes no new step, but its runs
+        are still told of stops, located, waited for and handed back."""
+        return sorted({*self.workers, *self._draining})
+
     def drain(self, names: Iterable[str]) -> None:
         """Hosts whose node Ray drains: they leave `workers` (no new step goes there) but stay
         callable (their runs are stopped and moved, their queued runs handed back)."""

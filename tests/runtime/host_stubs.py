@@ -82,6 +82,10 @@ class TableStub:
     draining: list[str] = []
     controllers: list[str] = []
 
+    @property
+    def reachable(self) -> list[str]:
+        return sorted({*self.workers, *self.draining})
+
     def on_gone(self, listener: object) -> None:
         return None
 
