@@ -138,7 +138,7 @@ class AutoscaleRequests:
         routes = self.host.routes
         controllers = {host_node(name) for name in routes.controllers}
         hosts: dict[str, list[str]] = {}
-        for name in [*routes.workers, *routes.draining]:  # a drained node idles too
+        for name in routes.reachable:  # a drained node idles too
             node = host_node(name)
             if node not in controllers:  # a node that runs controllers stays whole
                 hosts.setdefault(node, []).append(name)
