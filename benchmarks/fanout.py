@@ -32,11 +32,14 @@ import os
 import platform
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import ray
+from profiling import Recording, cpu_by_role, cpu_seconds, process_cpu
 
 import choreography_ray as cr
 from choreography_ray.bench import (
@@ -121,37 +124,41 @@ def _fresh_schema(url: str, schema: str) -> None:
     engine.dispose()
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system, and of waited-for children) of this driver and every process
-    it started, Ray's included, read from /proc (Linux)."""
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        stats[int(entry)] = text.rsplit(")", 1)[1].split()
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
-    ticks = os.sysconf("SC_CLK_TCK")
-    total, pending = 0.0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        fields = stats.get(pid)
-        if fields is None:
-            continue
-        total += sum(int(value) for value in fields[11:15]) / ticks  # utime stime cutime cstime
-        pending.extend(children.get(pid, ()))
-    return total
-
-
 def _measured(what, *args):
     cpu = cpu_seconds()
     result = what(*args)
     return result, cpu_seconds() - cpu
+
+
+@contextmanager
+def _window(spent: list[float], config: Config, n: int, profile: Path | None):
+    """The CPU of a job's run from `start()` to its terminal status; with `profile`, that
+    span's CPU by process and sampled stacks of the driver and the host actors."""
+    recording = None
+    if profile is not None:
+        stats = host_stats(config.namespace)
+        pids = {"driver": os.getpid(), "controller": stats["controller"]["pid"]}
+        pids.update({f"worker{i}": pid for i, pid in enumerate(stats["worker"]["pids"])})
+        recording = Recording(profile, f"{config.name}-{n}")
+        recording.start(pids)
+        by_process = process_cpu()
+    cpu = cpu_seconds()
+    try:
+        yield
+    finally:
+        spent.append(cpu_seconds() - cpu)
+        if recording is not None:
+            roles = cpu_by_role(by_process, process_cpu())
+            recording.stop()
+            print(
+                f"\nCPU by process, {config.name}, N={n} (seconds; py-spy's own left out): "
+                + ", ".join(
+                    f"{role} {seconds:.2f}"
+                    for role, seconds in roles.most_common()
+                    if seconds >= 0.01
+                )
+            )
+            print(recording.summary(), flush=True)
 
 
 def fanout(args: argparse.Namespace, workdir: Path) -> None:
@@ -171,9 +178,12 @@ def fanout(args: argparse.Namespace, workdir: Path) -> None:
             ray_seconds.append(seconds)
             ray_cpu.append(cpu)
             for config in configs:
-                run, cpu = _measured(run_fanout, config.jobs, n, config.storage, config.name)
+                spent: list[float] = []
+                profile = args.profile and n == sizes[-1] and len(config.runs) == 0
+                window = partial(_window, spent, config, n, Path(args.profile) if profile else None)
+                run = run_fanout(config.jobs, n, config.storage, config.name, window)
                 config.runs.append(run)
-                config.cpu.append(cpu)
+                config.cpu.append(spent[0])
             for peer in peers if n <= args.peer_max and len(ray_seconds) <= args.peer_runs else ():
                 for storage_kind in _peer_storages(configs):
                     label = f"{peer} ({storage_kind})"
@@ -397,6 +407,12 @@ def main() -> None:
         "--workers", type=int, default=2, help="worker hosts per node, third config"
     )
     parser.add_argument("--plot", default="")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="a directory: py-spy stacks and CPU by process of each config's first run at the "
+        "largest N",
+    )
     parser.add_argument(
         "--configs",
         default="default,tuned,wide",

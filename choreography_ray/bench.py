@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,9 +90,11 @@ def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
             break
         workers.append(ray.get(handle.stats.remote()))
         index += 1
-    summed: dict[str, Any] = {}
+    summed: dict[str, Any] = {"pids": [entry.get("pid") for entry in workers]}
     for entry in workers:
         for name, value in entry.items():
+            if name == "pid":
+                continue
             if name.startswith("rss"):
                 summed[name] = max(summed.get(name, 0), value)
             else:
@@ -132,13 +136,24 @@ async def _latencies(storage_url: str, namespace: str, job_id: str) -> list[floa
         await provider.close()
 
 
-def run_fanout(jobs: Any, steps: int, storage_url: str, label: str) -> FanOutRun:
-    """One job of `steps` no-op steps, from `start()` to its completion."""
+def run_fanout(
+    jobs: Any,
+    steps: int,
+    storage_url: str,
+    label: str,
+    window: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> FanOutRun:
+    """One job of `steps` no-op steps, from `start()` to its completion.
+
+    `window` wraps exactly that span (the benchmark's CPU reading and profiler), leaving out
+    the reading back of latencies and statistics, which is the benchmark's own work.
+    """
     before = host_stats(jobs.namespace)
-    began = time.perf_counter()
-    job_id = jobs.start(NoopFanOut, BenchRequest(steps=steps))
-    state = jobs.wait(job_id, interval=0.005)
-    seconds = time.perf_counter() - began
+    with window():
+        began = time.perf_counter()
+        job_id = jobs.start(NoopFanOut, BenchRequest(steps=steps))
+        state = jobs.wait(job_id, interval=0.005)
+        seconds = time.perf_counter() - began
     if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise RuntimeError(f"the benchmark job ended {state.status if state else 'cleared'}")
     after = host_stats(jobs.namespace)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
 from .clock import Clock, until_done
+from .limits import step_limits
 from .messages import (
     SettledStops,
     StartOutcome,
@@ -67,6 +69,7 @@ class StepWorker:
         clock: Clock,
         reporter: JobReporter,
         max_parallel_steps: int | None = None,
+        max_parallel_sync_steps: int | None = None,
         sync_runner: SyncRunner | None = None,
         node_id: str = "local",
         activation_id: str = "local",
@@ -78,7 +81,12 @@ class StepWorker:
         self.options = options
         self.clock = clock
         self.reporter = reporter
-        self.max_parallel_steps = max_parallel_steps or options.effective_max_parallel_steps
+        limits = step_limits(max_parallel_steps or options.max_parallel_steps, os.cpu_count())
+        self.max_parallel_steps = limits.performing
+        """Runs performing at once, of any kind."""
+        self.max_parallel_sync_steps = max_parallel_sync_steps or limits.synchronous
+        """Of which synchronous (a Ray task each, on a CPU): more wait, still Scheduled."""
+        self.sync_slots = asyncio.Semaphore(self.max_parallel_sync_steps)
         self.sync_runner: SyncRunner = sync_runner or SyncStepRunner()
         self.node_id = node_id
         self.activation_id = activation_id
