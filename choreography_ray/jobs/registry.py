@@ -239,7 +239,7 @@ class TypeRegistry:
             name = self._by_class.get(cls)
             if name is None:
                 name = self.name_of(cls)  # raises, naming the class
-            adapter = _list_adapter(cls)
+            adapter = list_adapter(cls)
             group = [values[i] for i in indexes]
             if cls.model_dump is not BaseModel.model_dump:  # type: ignore[attr-defined]
                 # Its own model_dump decides what is stored: checked the one-by-one way.
@@ -288,7 +288,7 @@ class TypeRegistry:
 
 
 @functools.lru_cache(maxsize=256)
-def _list_adapter(cls: type) -> TypeAdapter[Any]:
+def list_adapter(cls: type) -> TypeAdapter[Any]:
     """A list of `cls`, validated and written in one call (one adapter per class)."""
     return TypeAdapter(list[cls])  # type: ignore[valid-type]
 
