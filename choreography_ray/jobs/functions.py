@@ -157,6 +157,10 @@ class StepFunction(Generic[F]):
                 f"{error.errors()[0].get('msg', 'invalid')}"
             ) from None
 
+    def stored(self, value: Any) -> BaseModel:
+        """An item already validated into the item's type, as the step's stored request."""
+        return self.item_model.model_construct(value) if self._item_is_root else value
+
     def plan(self, item: Any, *, stage: int = 0, name: str = "") -> StepDetails:
         """One step of this function over `item`, for a job's plan (`@job`'s function or a
         `Job.prepare_steps`): a new identity, its stage (0 first) and an optional name."""

@@ -21,7 +21,7 @@ from pydantic_core import from_json, to_json
 from .errors import ChoreographyError, InvalidRequestError, StartJobError, StartJobFailed
 from .functions import StepFunction
 from .job import Job, StepDetails, new_step_id
-from .registry import TypeKind, TypeRegistry, list_adapter
+from .registry import TypeKind, TypeRegistry, list_adapter, round_trip
 
 ITEM_CHUNK = 10_000
 """Items drawn, checked and written as JSON at a time."""
@@ -112,21 +112,21 @@ class MapItems:
         function: StepFunction[Any] | None = getattr(step_type, "function", None)
         if not isinstance(function, StepFunction):
             raise InvalidRequestError(f"step type {self.step!r} is not a step function")
-        adapter = list_adapter(function.item_model)
+        adapter = list_adapter(function.item_type)
         while self.chunks:
             chunk = self.chunks.pop(0)
             try:
-                models = adapter.validate_python(from_json(chunk.items, allow_inf_nan=False))
+                values = adapter.validate_python(from_json(chunk.items, allow_inf_nan=False))
             except (ValueError, ValidationError) as error:
                 raise InvalidRequestError(
                     f"the items from {chunk.first} on do not fit step {self.step!r}: {error}"
                 ) from None
             stages = chunk.stages or itertools.repeat(0)
-            for offset, (model, stage) in enumerate(zip(models, stages, strict=False)):
+            for offset, (value, stage) in enumerate(zip(values, stages, strict=False)):
                 yield StepDetails(
                     step_id=new_step_id(),
                     step_type=step_type,
-                    request=model,
+                    request=function.stored(value),
                     stage=stage,
                     name=f"item {chunk.first + offset}",
                 )
@@ -135,22 +135,28 @@ class MapItems:
 def _checked_json(
     function: StepFunction[Any], chunk: list[Any], first: int, registry: TypeRegistry
 ) -> bytes:
-    """The chunk's items as one JSON array, checked as every planned request is."""
-    try:
-        models = [function.item(item) for item in chunk]
-        payloads = registry.dump_requests(models)
-    except (ChoreographyError, ValidationError):
-        for offset, item in enumerate(chunk):  # which item: the first that fails alone
-            try:
-                registry.dump_request(function.item(item))
-            except (ChoreographyError, ValidationError) as error:
-                message = error.message if isinstance(error, ChoreographyError) else str(error)
-                raise StartJobFailed(
-                    f"item {first + offset} cannot be planned: {message}",
-                    code=StartJobError.INVALID_STEP_PLAN,
-                ) from None
-        raise
-    return to_json([payload.data for payload in payloads])
+    """The chunk's items as one JSON array, checked as every planned request is: validated
+    into the item's type and read back from their JSON, the whole chunk in a few calls."""
+    model = function.item_model
+    own_dump = model.model_dump is not BaseModel.model_dump
+    if not own_dump:  # a model with its own model_dump is checked the one-by-one way
+        adapter = list_adapter(function.item_type)
+        try:
+            checked = round_trip(adapter, adapter.validate_python(chunk))
+        except ValidationError:
+            checked = None
+        if checked is not None:
+            return checked[1]
+    data: list[Any] = []
+    for offset, item in enumerate(chunk):  # which item: the first that fails alone
+        try:
+            data.append(registry.dump_request(function.item(item)).data)
+        except ChoreographyError as error:
+            raise StartJobFailed(
+                f"item {first + offset} cannot be planned: {error.message}",
+                code=StartJobError.INVALID_STEP_PLAN,
+            ) from None
+    return to_json(data)
 
 
 def _stages(
