@@ -234,12 +234,9 @@ class JobsManager:
         steps: Iterable[StepDetails] | None = None,
         max_active_steps: int | None = None,
     ) -> JobStartResult:
-        """Start a job. With a caller-supplied `job_id`, starting it again returns that job.
-        `steps` are the job's steps when the caller planned them (`jobs.map`), instead of
-        `prepare_steps`; `max_active_steps` is the job's own window."""
-        if not (isinstance(job_type, type) and issubclass(job_type, Job)) or not hasattr(
-            job_type, "name"
-        ):
+        """Start a job (its `job_id` again: that job); `steps` stand in for `prepare_steps`."""
+        is_job = isinstance(job_type, type) and issubclass(job_type, Job)
+        if not is_job or not hasattr(job_type, "name"):
             raise TypeError(f"{job_type!r} is not a Job class with a request type")
         if not isinstance(request, job_type.request_type):
             raise TypeError(

@@ -37,7 +37,6 @@ from .config import merge, require_config, write_config
 from .constants import NAMESPACE
 from .controller_routing import ControllerRouting
 from .directory import actor_names
-from .mapped import AsyncMapped
 from .operations import (
     CountSteps,
     Drain,
@@ -343,6 +342,26 @@ class AsyncJobs:
                     return state
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+
+
+class AsyncMapped:
+    """What `AsyncJobs.map` answers: the started map job's `job_id`, and its outcome as a
+    map's caller reads it."""
+
+    def __init__(self, jobs: AsyncJobs, job_id: str, *, scope: str, namespace: str) -> None:
+        self.jobs = jobs
+        self.job_id = job_id
+        self.scope = scope
+        self.namespace = namespace
+
+    async def wait(self, *, timeout: float | None = None) -> JobState | None:  # noqa: ASYNC109
+        """Wait until the job is finished (see `AsyncJobs.wait`)."""
+        return await self.jobs.wait(
+            self.job_id, timeout=timeout, scope=self.scope, namespace=self.namespace
+        )
+
+    def __repr__(self) -> str:
+        return f"AsyncMapped(job_id={self.job_id!r})"
 
 
 def _started(result: JobStartResult) -> str:

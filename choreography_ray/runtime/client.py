@@ -34,11 +34,10 @@ from ..placement.capability import import_failures
 from ..recovery.explicit import RehydrationSummary
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
-from .async_client import AsyncJobs
+from .async_client import AsyncJobs, AsyncMapped
 from .background_loop import BackgroundLoop
 from .constants import NAMESPACE
 from .directory import actor_names
-from .mapped import AsyncMapped
 
 __all__ = ["AsyncJobs", "AsyncMapped", "Jobs", "Mapped"]
 

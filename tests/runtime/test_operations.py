@@ -253,8 +253,11 @@ def test_a_start_answers_the_managers_result_typed():
     class Manager:
         ctx = type("Ctx", (), {"registry": Registry()})()
 
-        async def start(self, job_class: Any, request: Any, *, job_id: str) -> JobStartResult:
+        async def start(
+            self, job_class: Any, request: Any, *, job_id: str, steps: Any, max_active_steps: Any
+        ) -> JobStartResult:
             assert (job_class, request) == ("class a-job", "typed request")
+            assert (steps, max_active_steps) == (None, None)  # a job that plans its own steps
             return JobStartResult(job_id=job_id)
 
     class Host:
