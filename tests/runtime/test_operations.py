@@ -13,6 +13,8 @@ import pytest
 from choreography_ray.engine.job import JobStartResult
 from choreography_ray.jobs import InvalidOperationError, OwnedElsewhereError
 from choreography_ray.jobs.errors import DrainJobResult, DrainOutcome, ResumeJobSuccess
+from choreography_ray.jobs.mapping import MapItems
+from choreography_ray.jobs.registry import Payload
 from choreography_ray.jobs.state import JobKey
 from choreography_ray.runtime.controller_host import ControllerHost
 from choreography_ray.runtime.operations import (
@@ -230,6 +232,13 @@ def test_a_request_the_previous_release_lacks_is_refused_by_name():
 
     with pytest.raises(InvalidOperationError, match="Newer is new in this release"):
         send_previous(Newer(KEY), Recorder(PREVIOUS_METHODS))
+
+
+def test_a_map_start_is_not_sent_to_a_host_of_the_previous_release():
+    """That release would start the map job without its items (and has no map jobs)."""
+    mapped = Start(KEY, "choreography.map", Payload(type="t", data={}), "j", MapItems(step="s"))
+    with pytest.raises(InvalidOperationError, match=r"jobs\.map is new in this release"):
+        send_previous(mapped, Recorder(PREVIOUS_METHODS))
 
 
 def test_a_start_answers_the_managers_result_typed():
