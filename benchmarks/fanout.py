@@ -5,6 +5,7 @@
         --peers dbos --plot benchmarks/fanout.png
     python benchmarks/fanout.py --soak 100        # host memory across 100 jobs of 1,000 steps
     python benchmarks/fanout.py --fairness --fairness-steps 100000   # a small job beside a large
+    python benchmarks/fanout.py --map --sizes 10000,100000   # jobs.map beside ray.get, 2 kinds
 
 For each N: plain Ray tasks (`ray.get` over N no-op remote calls) and a job of N no-op async
 steps in each configuration of `--configs`:
@@ -47,6 +48,8 @@ from choreography_ray.bench import (
     NoopFanOut,
     actor_per_step,
     host_stats,
+    map_noop,
+    map_sleep,
     median,
     plain_ray_tasks,
     run_fanout,
@@ -342,6 +345,27 @@ def _connect(workdir: Path, name: str):
     return cr.connect(url, namespace=f"bench-{name}", modules=["choreography_ray.bench"]), url
 
 
+def map_fanout(args: argparse.Namespace, workdir: Path) -> None:
+    """`jobs.map(fn, range(N))` beside `ray.get([f.remote(x) for x in range(N)])`, in one run,
+    for a no-op function and one that waits 10 ms (`time.sleep` in the Ray task, as Ray users
+    write it; `await asyncio.sleep` in the async step function). One run per N of each; the
+    map job's time runs from the call to its last stored outcome, on SQLite, default options."""
+    jobs, _ = _connect(workdir, "map")
+    for n in [int(s) for s in args.sizes.split(",")]:
+        for label, function, sleep in (("no-op", map_noop, 0.0), ("10 ms", map_sleep, 0.01)):
+            ray_seconds, ray_cpu = _measured(plain_ray_tasks, n, sleep)
+            began, cpu = time.perf_counter(), cpu_seconds()
+            state = jobs.map(function, range(n)).wait()
+            map_seconds, map_cpu = time.perf_counter() - began, cpu_seconds() - cpu
+            assert state is not None and state.progress.successful_steps == n, state
+            print(
+                f"N={n:,} {label}: ray.get {n / ray_seconds:,.0f}/s ({ray_cpu:.1f} CPU s), "
+                f"jobs.map {n / map_seconds:,.0f}/s ({map_cpu:.1f} CPU s), "
+                f"ratio {ray_seconds / map_seconds:.2f}",
+                flush=True,
+            )
+
+
 def soak(args: argparse.Namespace, workdir: Path) -> None:
     """Host memory across many consecutive jobs: does anything accumulate?"""
     jobs, _ = _connect(workdir, "soak")
@@ -433,6 +457,9 @@ def main() -> None:
         "--fairness", action="store_true", help="a 10-step job beside a large one, same worker"
     )
     parser.add_argument("--fairness-steps", type=int, default=100_000, help="the large job's")
+    parser.add_argument(
+        "--map", action="store_true", help="jobs.map beside ray.get: a no-op, and 10 ms"
+    )
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -444,14 +471,16 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            if args.fairness:
+            if args.map:
+                map_fanout(args, Path(tmp))
+            elif args.fairness:
                 fairness(args, Path(tmp))
             elif args.soak:
                 soak(args, Path(tmp))
             else:
                 fanout(args, Path(tmp))
     finally:
-        for name in (*CONFIGS, "soak", "fairness"):
+        for name in (*CONFIGS, "soak", "fairness", "map"):
             stop_hosts(f"bench-{name}")
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .jobs.functions import step
 from .jobs.job import Job, StepDetails
 from .jobs.state import JobKey
 from .jobs.status import JobStatus
@@ -37,6 +38,19 @@ class NoopStep(JobStep[NoopItem, NoopItem, int], name="choreography.bench.noop")
 
     async def perform(self, state: NoopItem, ctx: StepContext) -> int:
         return state.n
+
+
+@step(name="choreography.bench.map-noop")
+async def map_noop(n: int) -> int:
+    """The no-op step function `jobs.map` runs in `benchmarks/fanout.py --map`."""
+    return n
+
+
+@step(name="choreography.bench.map-sleep")
+async def map_sleep(n: int) -> int:
+    """A step function that waits 10 ms, as an I/O call would."""
+    await asyncio.sleep(0.01)
+    return n
 
 
 class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
@@ -168,12 +182,15 @@ def run_fanout(
     )
 
 
-def plain_ray_tasks(steps: int) -> float:
-    """Seconds for `ray.get` over `steps` no-op remote calls."""
+def plain_ray_tasks(steps: int, sleep: float = 0.0) -> float:
+    """Seconds for `ray.get` over `steps` remote calls that return at once, or after `sleep`
+    seconds (Ray's default task options: one CPU each)."""
     import ray
 
     @ray.remote
     def noop(n: int) -> int:
+        if sleep:
+            time.sleep(sleep)
         return n
 
     ray.get(noop.remote(0))  # warm a worker

@@ -361,11 +361,19 @@ class StepRun:
                 error_type=error_type_name(type(failure)),
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-        wrapped = step.wrap_result(result)
-        return self._settle(
-            JobStepStatus.COMPLETED_SUCCESSFULLY,
-            result=registry.dump(wrapped) if wrapped is not None else None,
-        )
+        try:
+            wrapped = step.wrap_result(result)
+            payload = registry.dump(wrapped) if wrapped is not None else None
+        except Exception as failure:  # a result of another type than the step declares
+            error = StepError(
+                messages=[
+                    f"the step's result cannot be stored: {'; '.join(error_messages(failure))}"
+                ],
+                stack_trace=traceback.format_exc(),
+                error_type=error_type_name(type(failure)),
+            )
+            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
+        return self._settle(JobStepStatus.COMPLETED_SUCCESSFULLY, result=payload)
 
     def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
         partial = None

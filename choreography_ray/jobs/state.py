@@ -216,6 +216,9 @@ class JobState(_Model):
     stop_finalized: bool = False
     stopped_steps_counted: list[str] = Field(default_factory=list)
     execution_generation: int = 0
+    max_active_steps: int | None = None
+    """This job's window of active steps, given when it started (`jobs.map`); None leaves it
+    to the job class, then the options."""
     pending_drain: bool = False
     owner: JobOwner | None = None
     waiting_for_worker: WorkerWait | None = None
