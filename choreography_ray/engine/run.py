@@ -23,8 +23,9 @@ from ..jobs.retry import error_type_name
 from ..jobs.state import JobStepProgress, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
+from .clock import Clock, until_done
 from .context import error_messages
-from .messages import StepReport, StepStart
+from .messages import SettledStops, StepReport, StepStart
 from .run_host import CallbackRejected, RunHost, RunKey
 from .stored_steps import outcome_report
 from .writer import StaleRecord, StepWriter, Tracked
@@ -420,3 +421,22 @@ class StepRun:
         self._status(status, error)
         self._report = outcome_report(self.record.state, self.generation, self.attempt)
         return self._write()
+
+
+async def settled_within(runs: list[StepRun], clock: Clock, within: float) -> SettledStops:
+    """Wait, up to `within` seconds, for stopped `runs` to settle and persist their outcomes:
+    those that did answer with it; the others are answered as timed out, and their callbacks are
+    refused from then on (each still reports once it settles)."""
+    deadline = asyncio.ensure_future(clock.sleep(within))
+    try:
+        await until_done(deadline, lambda: [run.done for run in runs])
+    finally:
+        deadline.cancel()
+    answer = SettledStops()
+    for run in runs:
+        if run.persisted is not None:
+            answer.settled.append(run.persisted)
+        else:  # not quiescent, or its outcome was not written: no answer of its own
+            run.closed = True
+            answer.timed_out.append(run.step_id)
+    return answer

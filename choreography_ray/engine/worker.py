@@ -37,7 +37,7 @@ from .messages import (
 )
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
-from .run import StepRun
+from .run import StepRun, settled_within
 from .run_host import (
     CallbackRejected,
     RunKey,
@@ -394,19 +394,7 @@ class StepWorker:
             and run.generation <= request.generation
         ]
         await self.stop_steps(request)
-        deadline = asyncio.ensure_future(self.clock.sleep(timeout))
-        try:
-            await until_done(deadline, lambda: [run.done for run in runs])
-        finally:
-            deadline.cancel()
-        answer = SettledStops()
-        for run in runs:
-            if run.persisted is not None:
-                answer.settled.append(run.persisted)
-            else:  # not quiescent, or its outcome was not written: no answer of its own
-                run.closed = True  # its callbacks are refused from now on
-                answer.timed_out.append(run.step_id)
-        return answer
+        return await settled_within(runs, self.clock, timeout)
 
     def stop_all(self) -> int:
         """Stop every run here (the node goes): each settles stopped and reports it, and its
