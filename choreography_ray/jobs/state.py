@@ -232,8 +232,10 @@ class JobState(_Model):
     quarantine: Quarantine | None = None
     """Set once recovery gave up on the job: no recovery and no report activates it again
     until an explicit resume takes it out."""
-    version: int = 0
-    """Compare-and-set token: 0 for a record never saved, then the stored version."""
+    version: int = Field(default=0, exclude=True)
+    """Compare-and-set token: 0 for a record never saved, then the stored version. Kept
+    beside the record, never in its JSON (excluded in the schema: an `exclude=` argument
+    per dump nearly doubled the cost of encoding a step record)."""
 
     _utc = field_validator("created")(classmethod(lambda cls, v: utc(v)))
 
@@ -324,7 +326,8 @@ class JobStepState(_Model):
     decision: StepDecision | None = None
     """The job's decision on the stored failed attempt; None for any other outcome, and in
     records of earlier releases (decided then as they were)."""
-    version: int = 0
+    version: int = Field(default=0, exclude=True)
+    """As `JobState.version`: beside the record, never in its JSON."""
 
     @classmethod
     def prepared(
