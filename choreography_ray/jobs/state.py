@@ -259,6 +259,9 @@ class JobStepProgress(_Model):
     message: str = ""
 
 
+_NO_PROGRESS = JobStepProgress()
+
+
 class StepLease(_Model):
     """Who runs a step and when it last said so; kept with the outcome, it names the run that
     stored it (with the record's attempt and generation: the run identity)."""
@@ -331,7 +334,15 @@ class JobStepState(_Model):
 
     @classmethod
     def prepared(
-        cls, *, id: str, job_id: str, type: str, name: str, stage: int, state: Payload
+        cls,
+        *,
+        id: str,
+        job_id: str,
+        type: str,
+        name: str,
+        stage: int,
+        state: Payload,
+        version: int = 0,
     ) -> JobStepState:
         """A newly prepared record, every other field at its default. Built without
         validation (the values come checked from the plan): jobs prepare thousands at once."""
@@ -344,7 +355,7 @@ class JobStepState(_Model):
             stage=stage,
             status=JobStepStatus.UNKNOWN,
             status_changes=[],
-            progress=trusted(JobStepProgress, percentage=0.0, message=""),
+            progress=_NO_PROGRESS,  # replaced, never changed in place: one is shared
             is_prepared=True,
             attempt=1,
             lease=None,
@@ -353,5 +364,5 @@ class JobStepState(_Model):
             result=None,
             error=None,
             decision=None,
-            version=0,
+            version=version,
         )
