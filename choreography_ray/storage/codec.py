@@ -46,7 +46,6 @@ _UNREADABLE = (MalformedRecordError, TypeRegistryError)
 """What reading a record raises when the record, not the storage, is at fault."""
 
 
-
 def check_id(value: Any, what: str) -> str:
     """Ids are non-empty strings of bounded length; anything else is a caller's mistake."""
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
