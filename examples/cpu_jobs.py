@@ -43,7 +43,10 @@ class PrimeRangeState(BaseModel):
     found: int = 0
 
 
+@cr.step(name="examples.is-prime")
 def is_prime(n: int) -> bool:
+    """A step function too: `jobs.map(is_prime, range(200))` runs one step per number (a Ray
+    task each on a cluster); called directly, it is the plain function."""
     if n < 2:
         return False
     if n < 4:

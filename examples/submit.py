@@ -29,10 +29,10 @@ def main() -> int:
         default=os.environ.get("CHOREOGRAPHY_STORAGE"),
         help="storage URL every node reaches (default: $CHOREOGRAPHY_STORAGE)",
     )
-    parser.add_argument("--job", choices=["primes", "demo"], default="primes")
+    parser.add_argument("--job", choices=["primes", "map"], default="primes")
     parser.add_argument("--limit", type=int, default=1_000_000, help="primes: count below this")
     parser.add_argument("--ranges", type=int, default=8, help="primes: steps")
-    parser.add_argument("--steps", type=int, default=1000, help="demo: steps")
+    parser.add_argument("--items", type=int, default=1000, help="map: numbers to test")
     args = parser.parse_args()
     if not args.storage:
         parser.error("give --storage (or set CHOREOGRAPHY_STORAGE): a URL every node reaches")
@@ -41,10 +41,11 @@ def main() -> int:
 
     # "auto": inside a submitted job, RAY_ADDRESS names the cluster that runs it.
     jobs = cr.connect(args.storage, address="auto", modules=["cpu_jobs"])
-    if args.job == "demo":
-        from choreography_ray.demo import DemoJob, DemoRequest
+    if args.job == "map":
+        # A step function of the submitted working directory, found by every host through it.
+        from cpu_jobs import is_prime
 
-        job_id = jobs.start(DemoJob, DemoRequest(steps=args.steps))
+        job_id = jobs.map(is_prime, range(args.items)).job_id
     else:
         from cpu_jobs import CountPrimes, CountPrimesRequest
 
@@ -61,6 +62,8 @@ def main() -> int:
         from cpu_jobs import prime_counts
 
         print(f"primes below {args.limit:,}: {sum(prime_counts(args.storage, job_id).values())}")
+    else:
+        print(f"primes below {args.items:,}: {sum(jobs.gather(job_id))}")
     # Leaving disconnects this driver only: the hosts are detached and keep serving the
     # cluster (`choreography down` stops them).
     return 0 if state.status == cr.JobStatus.COMPLETED_SUCCESSFULLY else 1

@@ -278,14 +278,16 @@ def test_the_documented_commands_run_as_written(session: Session) -> None:
     assert not session.unused, f"substitutions no command needed: {sorted(session.unused)}"
 
     # What the docs say the commands print.
-    primes, *_, demo = session.output_of("ray", "job", "submit")
+    primes, *_, mapped = session.output_of("ray", "job", "submit")
     after = (ROOT / "docs/running.md").read_text().split("The first submission ends with")
     shown = OUTPUT.search(after[1])
     assert shown is not None, "docs/running.md shows no output of the first submission"
     for line in shown.group(1).splitlines():
         if not re.search(r"raysubmit_|[0-9a-f]{32}|^-+$", line):
             assert line in primes, f"the first submission did not print {line!r}"
-    assert "COMPLETED_SUCCESSFULLY: 200 of 200 steps succeeded" in demo
+    # A step function of the submitted working directory, mapped: found on every host.
+    assert "COMPLETED_SUCCESSFULLY: 200 of 200 steps succeeded" in mapped
+    assert "primes below 200: 46" in mapped
     assert all(
         "examples.count-primes" in out
         for out in session.output_of("choreography", "jobs", "list", "--address")
