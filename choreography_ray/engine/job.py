@@ -218,6 +218,13 @@ class JobActivation:
             await quarantine.completed(self._record)
             return answer
 
+    async def retry_failed(self, step_ids: Sequence[str] | None = None) -> list[str]:
+        """Run the job's failed steps again (see `Resuming.rerun`); the ones run again."""
+        async with self._core.turn:
+            chosen = await self._resuming.rerun(step_ids)
+            await quarantine.completed(self._record)
+            return chosen
+
     async def hand_over(self, owner: JobOwner) -> bool:
         """Make `owner` (another controller host) the job's owner by compare-and-set, and let
         the job go without acting on it again: this host's node drains. False when the write

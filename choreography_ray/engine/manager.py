@@ -352,6 +352,11 @@ class JobsManager:
         activation = await self.activate(job_id)
         return await activation.resume()
 
+    async def retry_failed(self, job_id: str, step_ids: Sequence[str] | None = None) -> list[str]:
+        """Run a finished job's failed steps again; the ids of those that run again."""
+        activation = await self.activate(job_id)
+        return await activation.retry_failed(step_ids)
+
     async def remove(self, job_id: str) -> None:
         activation = await self.activate(job_id)
         await activation.remove()

@@ -222,6 +222,10 @@ class JobState(_Model):
     quarantine: Quarantine | None = None
     """Set once recovery gave up on the job: no recovery and no report activates it again
     until an explicit resume takes it out."""
+    rerun_steps: list[str] = Field(default_factory=list)
+    """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
+    that begins it and emptied once their records are reset: a recovery in between resets
+    them (see `Resuming.rerun`)."""
     version: int = 0
     """Compare-and-set token: 0 for a record never saved, then the stored version."""
 
