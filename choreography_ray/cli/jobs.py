@@ -1,4 +1,5 @@
-"""The `jobs` commands: list, show, watch, stop, drain, resume, remove and rehydrate.
+"""The `jobs` commands: list, show, watch, stop, drain, resume, retry-failed, remove and
+rehydrate.
 
 Ids, limits and statuses are checked before the command joins the cluster, so a mistake costs
 no Ray start-up and reaches nothing stored.
@@ -252,6 +253,39 @@ jobs_app.command("resume")(
 jobs_app.command("remove")(
     _simple("remove", lambda jobs, job, scope, ns: jobs.remove(job, scope=scope, namespace=ns))
 )
+
+
+@jobs_app.command("retry-failed")
+def jobs_retry_failed(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    steps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--steps",
+            help="Only these failed steps (ids; repeat the option or separate with commas).",
+        ),
+    ] = None,
+) -> None:
+    """Run the failed steps of a job that completed with failures (or was stopped) again,
+    under their ids; its successes stay as they are.
+
+    Example: choreography jobs retry-failed 3f2a9c1e5d7b4a60 --steps 9b1c,77de
+    """
+    from ..runtime.arguments import check_step_ids
+
+    named = None
+    if steps is not None:
+        split = [part.strip() for value in steps for part in value.split(",") if part.strip()]
+        named = guard(lambda: check_step_ids(split))
+    jobs = _client(storage, address, scope, namespace, job_id)
+    rerun = guard(lambda: jobs.retry_failed(job_id, steps=named, scope=scope, namespace=namespace))
+    console.print(f"retry-failed: {job_id}: {len(rerun)} failed step(s) run again")
+    for step_id in rerun:
+        console.print(f"  {step_id}")
 
 
 @jobs_app.command("drain")

@@ -140,6 +140,12 @@ def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
             return "a drain is under way"
     if action == "resume" and status != JobStatus.STOPPED and job.quarantine is None:
         return f"only a stopped or quarantined job resumes; this one is {status.name.lower()}"
+    if action == "retry-failed":
+        finished_stop = status == JobStatus.STOPPED and job.stop_finalized
+        if status != JobStatus.COMPLETED_WITH_FAILURES and not finished_stop:
+            return "only a job completed with failures, or stopped, runs its failed steps again"
+        if not job.progress.failed_steps:
+            return "the job has no failed steps"
     if action == "remove" and (status.is_terminal or status == JobStatus.REMOVING):
         return f"the job is {status.name.lower()}: completed jobs are not removed"
     return ""
@@ -149,20 +155,21 @@ def actions_form(job: JobState, *, enabled: bool, can_drain: bool, token: str) -
     if not enabled:
         return (
             '<p class="muted">Read-only: start the console with --allow-actions to stop, '
-            "drain, resume or remove jobs.</p>"
+            "drain, resume, retry or remove jobs.</p>"
         )
     buttons = []
     for action in ACTIONS:
         why = _action_reason(action, job, can_drain)
         target = url(path("jobs", job.id, action), key_params(job.key))
-        question = f"{action.capitalize()} job {job.id}?"
+        label = action.replace("-", " ").capitalize()
+        question = f"{label} job {job.id}?"
         disabled = f' disabled title="{e(why)}"' if why else ""
         buttons.append(
             f'<form class="inline" method="post" action="{e(target)}" '
             f'data-confirm="{e(question)}" onsubmit="return confirm(this.dataset.confirm)">'
             f'<input type="hidden" name="token" value="{e(token)}">'
             f'<button type="submit" name="action" value="{action}"{disabled}>'
-            f"{action.capitalize()}</button></form>"
+            f"{label}</button></form>"
         )
     return '<div class="actions">' + "".join(buttons) + "</div>"
 

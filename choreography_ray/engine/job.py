@@ -218,7 +218,7 @@ class JobActivation:
             await quarantine.completed(self._record)
             return answer
 
-    async def retry_failed(self, step_ids: Sequence[str] | None = None) -> list[str]:
+    async def retry_failed(self, step_ids: Sequence[str] | None = None) -> tuple[str, ...]:
         """Run the job's failed steps again (see `Resuming.rerun`); the ones run again."""
         async with self._core.turn:
             chosen = await self._resuming.rerun(step_ids)

@@ -352,10 +352,9 @@ class JobsManager:
         activation = await self.activate(job_id)
         return await activation.resume()
 
-    async def retry_failed(self, job_id: str, step_ids: Sequence[str] | None = None) -> list[str]:
+    async def retry_failed(self, job_id: str, steps: Sequence[str] | None) -> tuple[str, ...]:
         """Run a finished job's failed steps again; the ids of those that run again."""
-        activation = await self.activate(job_id)
-        return await activation.retry_failed(step_ids)
+        return await (await self.activate(job_id)).retry_failed(steps)
 
     async def remove(self, job_id: str) -> None:
         activation = await self.activate(job_id)

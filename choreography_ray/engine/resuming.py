@@ -140,7 +140,7 @@ class Resuming:
             return await plans.load_plan(self.core.id, state.stored_step_plan_incarnation)
         return None
 
-    async def rerun(self, step_ids: Sequence[str] | None) -> list[str]:
+    async def rerun(self, step_ids: Sequence[str] | None) -> tuple[str, ...]:
         """Run the job's failed steps again (every one, or those of `step_ids`) under their
         identities, in a new execution generation, each from its first attempt; successes stay
         as stored. A stopped job resumes as well: its unfinished steps run too. Returns the
@@ -207,7 +207,7 @@ class Resuming:
                 f"could not write Running: {error}", code=CannotRetryFailedError.UNKNOWN
             ) from error
         await self._resume_running(from_stop=False, rerun=True)
-        return chosen
+        return tuple(chosen)
 
     async def _reset_reruns(self) -> None:
         """Make the records of `JobState.rerun_steps` steps to run, from their first attempt,

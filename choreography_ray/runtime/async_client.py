@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, TypeVar
 
 import ray
@@ -30,7 +30,7 @@ from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
-from .arguments import check_job_id, check_query, job_key
+from .arguments import check_job_id, check_query, check_step_ids, job_key
 from .config import merge, require_config, write_config
 from .constants import NAMESPACE
 from .controller_routing import ControllerRouting
@@ -44,6 +44,7 @@ from .operations import (
     Rehydrate,
     Remove,
     Resume,
+    RetryFailed,
     Start,
     Stop,
     Wait,
@@ -194,6 +195,22 @@ class AsyncJobs:
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
         return await self._ask(Resume(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def retry_failed(
+        self,
+        job_id: str,
+        *,
+        steps: Sequence[str] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> tuple[str, ...]:
+        """Run the failed steps of a job that completed with failures (or stopped, its stop
+        finished) again, under their identities: every one, or those named in `steps`. Its
+        successes stay as they are, and the failures run again replace theirs in its counts.
+        Returns the ids of the steps run again; `RetryFailedRefused` says why not."""
+        key = job_key(scope, namespace)
+        named = None if steps is None else tuple(check_step_ids(steps))
+        return await self._ask(RetryFailed(key, check_job_id(job_id), named))
 
     async def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

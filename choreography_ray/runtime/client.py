@@ -19,7 +19,7 @@ entrypoint and a notebook whose own loop is running.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -117,6 +117,17 @@ class Jobs:
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
         return _run(self.aio.resume(job_id, scope=scope, namespace=namespace))
+
+    def retry_failed(
+        self,
+        job_id: str,
+        *,
+        steps: Sequence[str] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> tuple[str, ...]:
+        """Run a finished job's failed steps again (see `AsyncJobs.retry_failed`)."""
+        return _run(self.aio.retry_failed(job_id, steps=steps, scope=scope, namespace=namespace))
 
     def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

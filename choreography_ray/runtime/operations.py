@@ -157,6 +157,18 @@ class Resume(Operation[ResumeJobSuccess]):
 
 
 @dataclass(frozen=True)
+class RetryFailed(Operation[tuple[str, ...]]):
+    """Run a finished job's failed steps again (all, or `step_ids`); the ones run again."""
+
+    what = "jobs.retry_failed"
+    job_id: str
+    step_ids: tuple[str, ...] | None = None
+
+    async def run(self, host: Serving) -> tuple[str, ...]:
+        return await host.manager(self.key).retry_failed(self.job_id, self.step_ids)
+
+
+@dataclass(frozen=True)
 class Remove(Operation[None]):
     what = "jobs.remove"
     job_id: str

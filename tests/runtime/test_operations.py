@@ -25,6 +25,7 @@ from choreography_ray.runtime.operations import (
     Rehydrate,
     Remove,
     Resume,
+    RetryFailed,
     Start,
     Stop,
     Wait,
@@ -38,7 +39,7 @@ from ..typecheck import mypy_errors
 KEY = JobKey(scope="s", namespace="n")
 REPORT = ("step-1", 3, 0, 1, 0, "a step", None, None, False)
 
-EVERY_OPERATION: list[Operation[Any]] = [
+PREVIOUS_OPERATIONS: list[Operation[Any]] = [
     Start(KEY, "a-job", {"type": "a-request", "value": {}}, "j"),
     Get(KEY, "j"),
     CountSteps(KEY, "j"),
@@ -51,6 +52,12 @@ EVERY_OPERATION: list[Operation[Any]] = [
     Rehydrate(KEY, 9.0),
     Deliver(KEY, "j", [REPORT]),
 ]
+"""The requests the previous release's calls stand for."""
+
+NEW_OPERATIONS: list[Operation[Any]] = [RetryFailed(KEY, "j", ("s1", "s2"))]
+"""Requests new in this release: a host of the previous release has no call for them."""
+
+EVERY_OPERATION = PREVIOUS_OPERATIONS + NEW_OPERATIONS
 
 
 def test_every_verb_is_listed_here():
@@ -207,7 +214,7 @@ class PreviousHost(PreviousReleaseCalls):
         await ControllerHost.deliver(self, key, job_id, packed)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("operation", EVERY_OPERATION, ids=lambda op: type(op).__name__)
+@pytest.mark.parametrize("operation", PREVIOUS_OPERATIONS, ids=lambda op: type(op).__name__)
 def test_the_previous_releases_call_round_trips_to_the_same_request(operation):
     """A caller of this release speaks the previous release's call to an older host; a host of
     this release turns that call back into the very request: both sides agree on every
@@ -218,6 +225,12 @@ def test_the_previous_releases_call_round_trips_to_the_same_request(operation):
     host = PreviousHost()
     asyncio.run(getattr(host, method)(*args))
     assert host.performed == [operation]
+
+
+@pytest.mark.parametrize("operation", NEW_OPERATIONS, ids=lambda op: type(op).__name__)
+def test_a_new_request_is_refused_by_a_host_of_the_previous_release(operation):
+    with pytest.raises(InvalidOperationError, match="is new in this release"):
+        send(Recorder(PREVIOUS_METHODS), operation)
 
 
 def test_a_request_the_previous_release_lacks_is_refused_by_name():
