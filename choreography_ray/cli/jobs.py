@@ -152,6 +152,7 @@ def jobs_show(
         return
     p = job.progress
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
+    console.print(f"priority: {job.priority}")
     if job.details:
         console.print(job.details)
     for line in quarantine_lines(job):
@@ -286,6 +287,27 @@ def jobs_retry_failed(
     console.print(f"retry-failed: {job_id}: {len(rerun)} failed step(s) run again")
     for step_id in rerun:
         console.print(f"  {step_id}")
+
+
+@jobs_app.command("set-priority")
+def jobs_set_priority(
+    job_id: str,
+    priority: Annotated[int, typer.Argument(help="Higher goes first; may be negative.")],
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+) -> None:
+    """Change a job's priority: stored with it, and its queued steps wait by it from now on.
+
+    Example: choreography jobs set-priority 3f2a9c1e5d7b4a60 10
+    """
+    from ..engine.priority import check_priority
+
+    guard(lambda: check_priority(priority))
+    jobs = _client(storage, address, scope, namespace, job_id)
+    guard(lambda: jobs.set_priority(job_id, priority, scope=scope, namespace=namespace))
+    console.print(f"set-priority: {job_id}: {priority}")
 
 
 @jobs_app.command("drain")

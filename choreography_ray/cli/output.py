@@ -58,6 +58,7 @@ def job_json(job: JobState) -> dict[str, Any]:
         "namespace": job.key.namespace,
         "type": job.type,
         "status": job.status.name,
+        "priority": job.priority,
         "created": _time(job.created),
         "updated": _time(_last_change(job)),
         "progress": {
@@ -243,6 +244,7 @@ def job_rows(jobs: Sequence[JobState], *, wide: bool, now: datetime) -> list[lis
                 ids[job.id],
                 status_text(job),
                 f"{done}/{p.total_steps}",
+                str(job.priority),
                 job.type,
                 age(job.created, now),
             ]
@@ -254,6 +256,7 @@ JOB_COLUMNS = (
     Column("id", SHORT_ID),
     Column("status", 22),
     Column("progress", 9, right=True),
+    Column("prio", 4, right=True),
     Column("type", 20, shrinks=True),
     Column("age", 4, right=True),
 )

@@ -89,7 +89,7 @@ class ManagerActions:
         calls: dict[str, Callable[[str], Awaitable[object]]] = {
             "stop": manager.stop,
             "resume": manager.resume,
-            "retry-failed": lambda job: manager.retry_failed(job, None),
+            "retry-failed": lambda job: _retry_failed(manager, job),
             "remove": manager.remove,
         }
         if self.can_drain:
@@ -120,6 +120,11 @@ class ClientActions:
         if self.can_drain:
             calls["drain"] = lambda job: client.drain(job, **where)
         return _message(action, await _chosen(calls, action)(job_id))
+
+
+async def _retry_failed(manager: Any, job_id: str) -> tuple[str, ...]:
+    result: tuple[str, ...] = await (await manager.activate(job_id)).retry_failed(None)
+    return result
 
 
 def _chosen(

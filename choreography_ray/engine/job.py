@@ -225,6 +225,17 @@ class JobActivation:
             await quarantine.completed(self._record)
             return chosen
 
+    async def set_priority(self, priority: int) -> None:
+        """Store the job's new priority and tell its worker hosts (a job not running has no
+        runs queued: its next dispatch carries it)."""
+        async with self._core.turn:
+            record = self._record
+            record.state.priority = priority
+            await record.save()
+            points = self._core.points()
+            if points is not None and record.state.status == JobStatus.RUNNING:
+                await self._core.ctx.dispatcher.prioritize(self._core.ctx.key, self.id, points)
+
     async def hand_over(self, owner: JobOwner) -> bool:
         """Make `owner` (another controller host) the job's owner by compare-and-set, and let
         the job go without acting on it again: this host's node drains. False when the write
@@ -383,6 +394,7 @@ class JobActivation:
                     stages.retry(report.step_id, report.attempt + 1, retry.at)
             status = record.state.status
             if status == JobStatus.RUNNING:
+                self._core.tell_progress()
                 await stages.advance(dispatch_failures_fail=False)
             elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
                 failed = await self._stopping.finish_if_settled()

@@ -226,9 +226,15 @@ class JobsManager:
     # -- operations -----------------------------------------------------------------------------
 
     async def start(
-        self, job_type: type[Job[Any]], request: BaseModel, *, job_id: str | None = None
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel,
+        *,
+        job_id: str | None = None,
+        priority: int | None = None,
     ) -> JobStartResult:
-        """Start a job. With a caller-supplied `job_id`, starting it again returns that job."""
+        """Start a job (`priority`: None for the class's). With a caller-supplied `job_id`,
+        starting it again returns that job."""
         if not (isinstance(job_type, type) and issubclass(job_type, Job)) or not hasattr(
             job_type, "name"
         ):
@@ -264,6 +270,7 @@ class JobsManager:
             type=job_type.name,
             created=self.ctx.clock.now(),
             owner=self.ctx.owner,
+            priority=job_type.priority if priority is None else priority,
         )
         activation = JobActivation(
             self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
@@ -335,8 +342,7 @@ class JobsManager:
         return await self._read(found, "the jobs")
 
     async def stop(self, job_id: str) -> None:
-        activation = await self.activate(job_id)
-        await activation.stop()
+        await (await self.activate(job_id)).stop()
 
     async def drain(self, job_id: str, within: float | None = None) -> DrainOutcome:
         """Stop the job and wait, up to `within` seconds, for every step to answer."""
@@ -349,16 +355,10 @@ class JobsManager:
         return await activation.drain(within)
 
     async def resume(self, job_id: str) -> ResumeJobSuccess:
-        activation = await self.activate(job_id)
-        return await activation.resume()
-
-    async def retry_failed(self, job_id: str, steps: Sequence[str] | None) -> tuple[str, ...]:
-        """Run a finished job's failed steps again; the ids of those that run again."""
-        return await (await self.activate(job_id)).retry_failed(steps)
+        return await (await self.activate(job_id)).resume()
 
     async def remove(self, job_id: str) -> None:
-        activation = await self.activate(job_id)
-        await activation.remove()
+        await (await self.activate(job_id)).remove()
 
     async def deliver(self, job_id: str, reports: Sequence[StepReport]) -> None:
         """Outcomes from a worker. A job whose activation is gone is activated and recounted.

@@ -191,12 +191,13 @@ class Stages:
         limit = asyncio.Semaphore(core.ctx.options.max_concurrent_step_starts)
         job_type = self.record.state.type
         losses = ledger.losses
+        points = core.points()
 
         async def send(batch: list[StepStart]) -> Dispatched | BaseException:
             async with limit:
                 try:
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types
+                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types, points
                     )
                 except Exception as error:
                     return error

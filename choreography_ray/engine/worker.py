@@ -87,7 +87,7 @@ class StepWorker:
         self.peers = peers
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queue = RunQueue()
+        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging)
         self._performing = 0
         self._runners = 0
         self.writers = StepWriters(
@@ -164,8 +164,15 @@ class StepWorker:
     # -- starting -------------------------------------------------------------------------
 
     async def start_steps(
-        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
+        self,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: Sequence[StepStart],
+        points: float | None = None,
     ) -> list[StartResult]:
+        """Queue the starts' runs; `points`: the job's priority points, when it has any
+        (`priority`)."""
         self._loop = asyncio.get_running_loop()
         if self.closed:
             why = "the worker is shutting down"
@@ -192,11 +199,15 @@ class StepWorker:
         job = (job_key, job_id)
         urgent = [run for run in queued if run.urgent]
         if urgent:
-            self._queue.extend(job, urgent, first=True)
+            self._queue.extend(job, urgent, first=True, points=points)
             queued = [run for run in queued if not run.urgent]
-        self._queue.extend(job, queued)
+        self._queue.extend(job, queued, points=points)
         self._pump()
         return results
+
+    def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        """The job's priority changed: its runs queued here wait by its new points."""
+        self._queue.prioritize((job_key, job_id), points)
 
     def give_up(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
         """Hand back `share` of the job's queued runs, not started (nothing of them written),

@@ -148,6 +148,8 @@ class Job(Generic[TRequest]):
     """How the job's steps' failures are retried, unless a step class sets its own; None uses
     the options (`max_step_attempts`, `step_retry_backoff`, `max_step_retry_backoff`)."""
     can_resume: ClassVar[bool] = True
+    priority: ClassVar[int] = 0
+    """The priority of a job started without one (higher goes first; docs/scheduling.md)."""
 
     info: JobInfo
     """Set by the engine before any hook runs."""

@@ -136,6 +136,12 @@ class JobsOptions(BaseModel):
     membership_interval: timedelta = timedelta(seconds=1)
     """How often every controller host reads the cluster's nodes and host actors, to notice a
     node that died or joined and a host actor that was killed."""
+    priority_aging: float = 1.0
+    """Points of priority a job waiting for a worker slot gains per minute of waiting: one of
+    priority 0 behind priority-N work waits at most N / this minutes (docs/scheduling.md)."""
+    finish_started_jobs: float = 0.0
+    """Points of priority a job gains in proportion to the share of its steps done (all of
+    them at 100 %): started jobs finish before new ones take the workers; 0 turns it off."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -189,6 +195,16 @@ class JobsOptions(BaseModel):
         if duration <= timedelta(0):
             raise ValueError("must be positive: the cluster is read this often")
         return duration
+
+    @field_validator("priority_aging", "finish_started_jobs", mode="before")
+    @classmethod
+    def _points(cls, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got a boolean ({value!r})")
+        number = float(value)
+        if not 0.0 <= number < float("inf"):
+            raise ValueError("must be a finite number, 0 or more")
+        return number
 
     @field_validator("key_providers", mode="before")
     @classmethod

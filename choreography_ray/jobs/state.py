@@ -222,6 +222,9 @@ class JobState(_Model):
     quarantine: Quarantine | None = None
     """Set once recovery gave up on the job: no recovery and no report activates it again
     until an explicit resume takes it out."""
+    priority: int = 0
+    """Higher goes first while jobs wait for the same workers; a waiting job's priority rises
+    with its wait (docs/scheduling.md). From `start(priority=...)` or the job class."""
     rerun_steps: list[str] = Field(default_factory=list)
     """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
     that begins it and emptied once their records are reset: a recovery in between resets

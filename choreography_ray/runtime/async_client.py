@@ -18,6 +18,7 @@ import ray
 from pydantic import BaseModel
 
 from ..engine.job import JobStartResult
+from ..engine.priority import check_priority
 from ..jobs.errors import (
     DrainOutcome,
     JobNotFoundError,
@@ -45,6 +46,7 @@ from .operations import (
     Remove,
     Resume,
     RetryFailed,
+    SetPriority,
     Start,
     Stop,
     Wait,
@@ -122,18 +124,21 @@ class AsyncJobs:
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
+        priority: int | None = None,
     ) -> str:
         """Start a job; returns its id once the job is durable (and its steps dispatched,
         unless the job starts them in the background). With `job_id`, starting again returns
-        that job instead of a second one.
+        that job instead of a second one. `priority`: higher goes first while jobs wait for
+        workers (None: the job class's; docs/scheduling.md).
 
         Without `job_id` the client names the job itself, so that asking a replaced controller
         host again cannot start a second job."""
         key = job_key(scope, namespace)
         job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        priority = None if priority is None else check_priority(priority)
         payload = default_registry.dump_request(request)
         await self._remember(job_type, key)
-        operation = Start(key, job_type.name, payload, job_id)
+        operation = Start(key, job_type.name, payload, job_id, priority)
         started = _started(await self._ask(operation, job_type=job_type.name))
         self._started[(key, started)] = None
         if len(self._started) > _STARTED_MEMORY:
@@ -211,6 +216,20 @@ class AsyncJobs:
         key = job_key(scope, namespace)
         named = None if steps is None else tuple(check_step_ids(steps))
         return await self._ask(RetryFailed(key, check_job_id(job_id), named))
+
+    async def set_priority(
+        self,
+        job_id: str,
+        priority: int,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        """Change a job's priority: stored with it, and its steps queued on worker hosts wait
+        by it from now on."""
+        key = job_key(scope, namespace)
+        operation = SetPriority(key, check_job_id(job_id), check_priority(priority))
+        await self._ask(operation)
 
     async def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

@@ -64,11 +64,13 @@ class Jobs:
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
+        priority: int | None = None,
     ) -> str:
         """Start a job; returns its id once the job is durable (see `AsyncJobs.start`)."""
-        return _run(
-            self.aio.start(job_type, request, job_id=job_id, scope=scope, namespace=namespace)
+        starting = self.aio.start(
+            job_type, request, job_id=job_id, scope=scope, namespace=namespace, priority=priority
         )
+        return _run(starting)
 
     def get(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
@@ -128,6 +130,17 @@ class Jobs:
     ) -> tuple[str, ...]:
         """Run a finished job's failed steps again (see `AsyncJobs.retry_failed`)."""
         return _run(self.aio.retry_failed(job_id, steps=steps, scope=scope, namespace=namespace))
+
+    def set_priority(
+        self,
+        job_id: str,
+        priority: int,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        """Change a job's priority (see `AsyncJobs.set_priority`)."""
+        _run(self.aio.set_priority(job_id, priority, scope=scope, namespace=namespace))
 
     def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

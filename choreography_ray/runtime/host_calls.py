@@ -63,12 +63,28 @@ class WorkerHostCalls(HostCalls):
         job_id: str,
         job_type: str,
         starts: list[PackedStart],
+        points: float | None = None,
     ) -> list[StartResult]:
-        results: list[StartResult] = await self.routes.send(
-            self.name,
-            lambda host: host.start_steps.remote(controller, job_key, job_id, job_type, starts),
-        )
+        """`points` go only when the job has priority points: a host of the previous release
+        takes every other start as it did."""
+        if points is None:
+            results: list[StartResult] = await self.routes.send(
+                self.name,
+                lambda host: host.start_steps.remote(controller, job_key, job_id, job_type, starts),
+            )
+        else:
+            results = await self.routes.send(
+                self.name,
+                lambda host: host.start_steps.remote(
+                    controller, job_key, job_id, job_type, starts, points
+                ),
+            )
         return results
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        await self.routes.send(
+            self.name, lambda host: host.prioritize.remote(job_key, job_id, points)
+        )
 
     async def load(self) -> tuple[int, int]:
         load: tuple[int, int] = await self.routes.send(self.name, lambda host: host.load.remote())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import PackedReport, unpack_reports
+from ..engine.priority import check_priority
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
 from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobKey, JobState
@@ -74,6 +75,8 @@ class Start(Operation[JobStartResult]):
     job_type: str
     request: Payload
     job_id: str
+    priority: int | None = None
+    """None: the job class's (a host of the previous release starts every job so)."""
 
     async def run(self, host: Serving) -> JobStartResult:
         successor = host.successor()
@@ -83,7 +86,8 @@ class Start(Operation[JobStartResult]):
         registry = manager.ctx.registry
         job_class = registry.resolve(self.job_type, TypeKind.JOB)
         request = registry.load(self.request, TypeKind.REQUEST)
-        result = await manager.start(job_class, request, job_id=self.job_id)
+        priority = None if self.priority is None else check_priority(self.priority)
+        result = await manager.start(job_class, request, job_id=self.job_id, priority=priority)
         host.metrics.job_started(self.job_type, result.succeeded)
         return result
 
@@ -165,7 +169,21 @@ class RetryFailed(Operation[tuple[str, ...]]):
     step_ids: tuple[str, ...] | None = None
 
     async def run(self, host: Serving) -> tuple[str, ...]:
-        return await host.manager(self.key).retry_failed(self.job_id, self.step_ids)
+        activation = await host.manager(self.key).activate(self.job_id)
+        return await activation.retry_failed(self.step_ids)
+
+
+@dataclass(frozen=True)
+class SetPriority(Operation[None]):
+    """Change a job's priority: stored, and its queued steps wait by it from now on."""
+
+    what = "jobs.set_priority"
+    job_id: str
+    priority: int
+
+    async def run(self, host: Serving) -> None:
+        activation = await host.manager(self.key).activate(self.job_id)
+        await activation.set_priority(check_priority(self.priority))
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def test_the_json_schema_of_a_job_is_stable():
         "namespace",
         "type",
         "status",
+        "priority",
         "created",
         "updated",
         "progress",

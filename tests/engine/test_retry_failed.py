@@ -31,7 +31,7 @@ def test_the_failed_steps_run_again_and_replace_their_failures_in_the_counts(run
         job_id, first = await _finished(cluster, ScenarioJob, "a", "b", "c")
         before = await _steps(cluster, job_id)
         script.behaviour["b"].fail = False
-        rerun = await cluster.manager().retry_failed(job_id, None)
+        rerun = await cluster.retry_failed(job_id)
         return first, before, rerun, await cluster.wait(job_id), await _steps(cluster, job_id)
 
     first, before, rerun, after, steps = run(scenario())
@@ -66,7 +66,7 @@ def test_only_the_named_steps_run_again(run, cluster, script):
         before = await _steps(cluster, job_id)
         script.behaviour["b"].fail = False
         script.behaviour["c"].fail = False
-        rerun = await cluster.manager().retry_failed(job_id, [before["b"].id])
+        rerun = await cluster.retry_failed(job_id, [before["b"].id])
         return before, rerun, await cluster.wait(job_id)
 
     before, rerun, after = run(scenario())
@@ -82,7 +82,7 @@ def test_a_job_whose_failures_all_succeed_completes_successfully(run, cluster, s
     async def scenario():
         job_id, _ = await _finished(cluster, ScenarioJob, "a", "b")
         script.behaviour["b"].fail = False
-        await cluster.manager().retry_failed(job_id, None)
+        await cluster.retry_failed(job_id)
         return await cluster.wait(job_id)
 
     after = run(scenario())
@@ -97,7 +97,7 @@ def test_each_step_run_again_has_its_retry_policy_afresh(run, cluster, script):
         result = await cluster.start(RetryingJob, request("a"))
         job_id = result.job_id
         await cluster.advance(3600)
-        await cluster.manager().retry_failed(job_id, None)
+        await cluster.retry_failed(job_id)
         await cluster.advance(3600)
         return await cluster.wait(job_id)
 
@@ -113,7 +113,7 @@ def test_steps_a_failed_stage_left_unreachable_run_once_it_passes(run, cluster, 
     async def scenario():
         job_id, first = await _finished(cluster, ScenarioJob, "a", "b", stages={"b": 1})
         script.behaviour["a"].fail = False
-        await cluster.manager().retry_failed(job_id, None)
+        await cluster.retry_failed(job_id)
         return first, await cluster.wait(job_id)
 
     first, after = run(scenario())
@@ -135,7 +135,7 @@ def test_a_stopped_job_runs_its_failed_and_unfinished_steps(run, cluster, script
         stopped = await cluster.wait(result.job_id)
         script.behaviour["a"].fail = False
         script.behaviour["b"].block = False
-        await cluster.manager().retry_failed(result.job_id, None)
+        await cluster.retry_failed(result.job_id)
         return stopped, await cluster.wait(result.job_id)
 
     stopped, after = run(scenario())
@@ -171,7 +171,7 @@ def test_a_refusal_names_why_and_changes_nothing(run, cluster, script, setup, co
         steps = await _steps(cluster, result.job_id)
         named = {"a-success": [steps["a"].id], "unknown-step": ["nope"]}.get(setup)
         with pytest.raises(RetryFailedRefused) as refused:
-            await cluster.manager().retry_failed(result.job_id, named)
+            await cluster.retry_failed(result.job_id, named)
         after = await cluster.storage().jobs.find(result.job_id)
         script.release("c")
         return before, after, refused.value
@@ -211,7 +211,7 @@ def test_a_crash_before_the_steps_were_reset_is_finished_by_recovery(run, script
             job_id, _ = await _finished(cluster, ScenarioJob, "a", "b")
             failing["on"] = True
             with pytest.raises(RetryFailedRefused) as refused:
-                await cluster.manager().retry_failed(job_id, None)
+                await cluster.retry_failed(job_id)
             stored = await cluster.storage().jobs.find(job_id)
             await cluster.crash()
             failing["on"] = False
