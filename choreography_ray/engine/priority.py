@@ -13,9 +13,12 @@ turn without reading a clock (`RunQueue`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from ..jobs.errors import InvalidOptionError
+from ..jobs.state import JobState
 
 
 def check_priority(priority: Any) -> int:
@@ -38,3 +41,15 @@ def points(priority: int, done: int, total: int, finish_started: float) -> float
 def effective(points: float, waited: float, aging: float) -> float:
     """The standing of a job that has waited `waited` seconds, aging `aging` points a minute."""
     return points + aging * waited / 60.0
+
+
+def activation_order(jobs: Iterable[JobState], now: datetime, aging: float) -> list[JobState]:
+    """Jobs in the order a controller host activates them (rehydration, the reconciliation
+    sweep): the highest effective priority first, aged since each was created; then the
+    oldest. Without priorities that is the oldest first."""
+
+    def standing(job: JobState) -> tuple[float, datetime, str]:
+        waited = (now - job.created).total_seconds()
+        return (-effective(job.priority, waited, aging), job.created, job.id)
+
+    return sorted(jobs, key=standing)

@@ -218,3 +218,52 @@ def test_finish_started_jobs_prefers_the_job_further_along(run, script, finish, 
     run(scenario())
     after = _keys(script)[_keys(script).index("a5") + 1 :]
     assert "".join(key[0] for key in after) == order
+
+
+@pytest.mark.parametrize(("finish", "order"), [(10.0, "aaaaaabbbb"), (0.0, "aababababa")])
+def test_a_job_further_along_is_told_to_its_workers_as_its_steps_finish(run, script, finish, order):
+    """Both jobs' steps are queued from the start, at 0 points; each step finishes when the
+    test releases it. As job a's outcomes are counted its points grow, and its worker hears
+    of it (`tell_progress`): its queued steps go ahead of job b's."""
+    options = JobsOptions(max_parallel_steps=1, finish_started_jobs=finish)
+    cluster = InProcessCluster(options=options, max_parallel_steps=1)
+    keys = [f"a{n}" for n in range(6)] + ["b0", "b1", "b2", "b3"]
+    for key in keys:
+        script.behaviour[key].block = True
+
+    async def scenario():
+        async with cluster:
+            await cluster.start(ScenarioJob, request(*keys[:6]))
+            await cluster.settle()
+            await cluster.start(ScenarioJob, request(*keys[6:]))
+            await cluster.settle()
+            for _ in keys:
+                script.release(script.runs[-1][0])  # the step running now finishes
+                await cluster.settle()
+
+    run(scenario())
+    assert "".join(key[0] for key in _keys(script)) == order
+
+
+def test_a_controller_recovers_the_jobs_of_the_highest_effective_priority_first(run, script):
+    """Rehydration activates interrupted jobs by effective priority, aged since each was
+    created (1 point a minute by default), then the oldest: neither by age alone nor by
+    priority alone."""
+    cluster = InProcessCluster(options=JobsOptions(max_concurrent_rehydration=1))
+    script.behaviour["x"].block = True
+
+    async def scenario():
+        async with cluster:
+            started = {}
+            for name, priority, minutes in (("zero", 0, 2), ("two", 2, 1), ("nine", 9, 1)):
+                job = await cluster.start(ScenarioJob, request("x"), priority=priority)
+                started[job.job_id] = name
+                await cluster.advance(minutes * 60)
+            await cluster.crash()
+            drained = await cluster.manager().rehydrate()
+            script.release("x")
+            report = await drained
+            return [started[job_id] for job_id in report.queued]
+
+    # effective 4 minutes after the first start: zero 0 + 4, two 2 + 2 (as old), nine 9 + 1
+    assert run(scenario()) == ["nine", "zero", "two"]
