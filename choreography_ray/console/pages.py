@@ -238,6 +238,7 @@ def job_page(
             ("status", f'<span class="status">{e(_status(job))}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
+            ("priority", str(job.priority)),
             ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),

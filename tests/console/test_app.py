@@ -251,6 +251,13 @@ def test_retry_failed_runs_a_finished_jobs_failed_steps_again(console):
     assert button is not None and "disabled" in button.group(1)
 
 
+def test_the_job_page_shows_the_jobs_priority(console):
+    result = console.run(console.cluster.start(ScenarioJob, request("a"), priority=7))
+    console.run(console.cluster.settle())
+    _, page = get(console, f"/jobs/{result.job_id}")
+    assert re.search(r"<t[hd]>priority</t[hd]>\s*<td>7</td>", page)
+
+
 def test_a_read_only_console_offers_and_accepts_no_action():
     with ConsoleHarness(allow_actions=False) as console:
         fixtures.SCRIPT.behaviour["slow"].block = True

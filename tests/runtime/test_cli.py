@@ -158,6 +158,29 @@ def test_jobs_retry_failed_runs_the_failed_steps_again_with_exact_counts(jobs):
         ray.kill(handle)
 
 
+def test_a_jobs_priority_is_stored_shown_and_changed_while_it_runs(jobs):
+    import json
+
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True), priority=4)
+        shown = invoke("jobs", "show", job_id)
+        assert shown.exit_code == 0 and "priority: 4" in shown.output, shown.output
+        changed = invoke("jobs", "set-priority", job_id, "9")
+        assert changed.exit_code == 0, changed.output
+        assert jobs.get(job_id).priority == 9
+        listed = json.loads(invoke("jobs", "list", "--output", "json").output)
+        assert {job["id"]: job["priority"] for job in listed}[job_id] == 9
+        wrong = runner.invoke(app, ["jobs", "set-priority", job_id, "10000000"])
+        assert wrong.exit_code != 0 and "priority" in wrong.output
+        ray.get(handle.open.remote())
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
+    finally:
+        ray.kill(handle)
+
+
 def test_jobs_drain_stops_a_job_and_names_the_steps_that_drained(jobs):
     import ray
 
