@@ -196,8 +196,12 @@ class Stages:
         async def send(batch: list[StepStart]) -> Dispatched | BaseException:
             async with limit:
                 try:
+                    if points is None:  # no priority: the call every dispatcher takes
+                        return await core.ctx.dispatcher.start_steps(
+                            core.ctx.key, core.id, job_type, batch, sticky, ledger.types
+                        )
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types, points
+                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types, points=points
                     )
                 except Exception as error:
                     return error

@@ -36,14 +36,7 @@ from .messages import (
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
 from .run import StepRun
-from .run_host import (
-    CallbackRejected,
-    RunKey,
-    StepMetrics,
-    SyncRunner,
-    SyncStepRunner,
-    call_on,
-)
+from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner, call_on
 from .run_queue import RunQueue
 from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, StepWriters, Tracked
@@ -171,8 +164,6 @@ class StepWorker:
         starts: Sequence[StepStart],
         points: float | None = None,
     ) -> list[StartResult]:
-        """Queue the starts' runs; `points`: the job's priority points, when it has any
-        (`priority`)."""
         self._loop = asyncio.get_running_loop()
         if self.closed:
             why = "the worker is shutting down"
@@ -206,8 +197,7 @@ class StepWorker:
         return results
 
     def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
-        """The job's priority changed: its runs queued here wait by its new points."""
-        self._queue.prioritize((job_key, job_id), points)
+        self._queue.prioritize((job_key, job_id), points)  # the job's priority changed
 
     def give_up(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
         """Hand back `share` of the job's queued runs, not started (nothing of them written),

@@ -199,9 +199,12 @@ class JobsOptions(BaseModel):
     @field_validator("priority_aging", "finish_started_jobs", mode="before")
     @classmethod
     def _points(cls, value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got a boolean ({value!r})")
-        number = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"expected a number of points, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"expected a number of points, got {value!r}") from None
         if not 0.0 <= number < float("inf"):
             raise ValueError("must be a finite number, 0 or more")
         return number

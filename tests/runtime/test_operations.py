@@ -26,6 +26,7 @@ from choreography_ray.runtime.operations import (
     Remove,
     Resume,
     RetryFailed,
+    SetPriority,
     Start,
     Stop,
     Wait,
@@ -54,7 +55,10 @@ PREVIOUS_OPERATIONS: list[Operation[Any]] = [
 ]
 """The requests the previous release's calls stand for."""
 
-NEW_OPERATIONS: list[Operation[Any]] = [RetryFailed(KEY, "j", ("s1", "s2"))]
+NEW_OPERATIONS: list[Operation[Any]] = [
+    RetryFailed(KEY, "j", ("s1", "s2")),
+    SetPriority(KEY, "j", 7),
+]
 """Requests new in this release: a host of the previous release has no call for them."""
 
 EVERY_OPERATION = PREVIOUS_OPERATIONS + NEW_OPERATIONS
@@ -266,8 +270,10 @@ def test_a_start_answers_the_managers_result_typed():
     class Manager:
         ctx = type("Ctx", (), {"registry": Registry()})()
 
-        async def start(self, job_class: Any, request: Any, *, job_id: str) -> JobStartResult:
-            assert (job_class, request) == ("class a-job", "typed request")
+        async def start(
+            self, job_class: Any, request: Any, *, job_id: str, priority: int | None
+        ) -> JobStartResult:
+            assert (job_class, request, priority) == ("class a-job", "typed request", None)
             return JobStartResult(job_id=job_id)
 
     class Host:
