@@ -82,6 +82,9 @@ class ActivationCore:
 
     def _released(self) -> None:
         self.ledger.cancel_retries()
+        key = self.record.state.concurrency_key
+        if key is not None:  # it finished or left this host: a job waiting for its key asks
+            self.ctx.keys.poke(key)
         self._on_release()
 
     def points(self) -> float | None:

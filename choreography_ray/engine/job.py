@@ -40,7 +40,7 @@ from .record import Counters, Released
 from .recount import Recount
 from .resuming import Resuming
 from .stages import Stages
-from .starting import Starting
+from .starting import DEFAULT_START, Starting, StartSettings
 from .stopping import Stopping
 
 
@@ -181,9 +181,11 @@ class JobActivation:
 
     # -- operations -----------------------------------------------------------------------------
 
-    async def start(self, request: BaseModel) -> JobStartResult:
+    async def start(
+        self, request: BaseModel, settings: StartSettings = DEFAULT_START
+    ) -> JobStartResult:
         async with self._core.turn:
-            return await self._starting.start(request)
+            return await self._starting.start(request, settings)
 
     async def stop(self) -> None:
         async with self._core.turn:

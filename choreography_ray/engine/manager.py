@@ -44,6 +44,7 @@ from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
 from .quarantine import RecoveryAttempts, refusal
+from .starting import DEFAULT_START, StartSettings
 
 T = TypeVar("T")
 
@@ -231,10 +232,10 @@ class JobsManager:
         request: BaseModel,
         *,
         job_id: str | None = None,
-        priority: int | None = None,
+        settings: StartSettings = DEFAULT_START,
     ) -> JobStartResult:
-        """Start a job (`priority`: None for the class's). With a caller-supplied `job_id`,
-        starting it again returns that job."""
+        """Start a job (`settings`: its priority and key, else the class's). With a
+        caller-supplied `job_id`, starting it again returns that job."""
         if not (isinstance(job_type, type) and issubclass(job_type, Job)) or not hasattr(
             job_type, "name"
         ):
@@ -261,22 +262,21 @@ class JobsManager:
                         else StartJobError.ALREADY_BEEN_PREPARED
                     )
                     return JobStartResult(job_id, refusal)
-                return await activation.start(request)
+                return await activation.start(request, settings)
         else:
-            return await existing.start(request)
+            return await existing.start(request, settings)
         state = JobState(
             id=job_id,
             key=self.ctx.key,
             type=job_type.name,
             created=self.ctx.clock.now(),
             owner=self.ctx.owner,
-            priority=job_type.priority if priority is None else priority,
         )
         activation = JobActivation(
             self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
         )
         self._activations[job_id] = activation
-        return await activation.start(request)
+        return await activation.start(request, settings)
 
     async def get(self, job_id: str) -> JobState:
         """The job as its live activation holds it between operations, else as stored."""

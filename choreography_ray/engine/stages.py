@@ -13,6 +13,7 @@ from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
+from .key_gate import KeyGate
 from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
 from .ports import Dispatched
@@ -29,6 +30,8 @@ class Stages:
         self.ledger = core.ledger
         self.outcomes = outcomes
         self.watchdog = Watchdog(core, self, outcomes)
+        self.key = KeyGate(core, self._move_on)
+        """Admission under the job's concurrency key, before anything is dispatched."""
         self.undelivered: set[str] = set()
         """Steps whose start no worker took, to be sent again: while there are any, a job
         that waits for a worker goes on waiting, whatever other steps a worker took."""
@@ -95,6 +98,8 @@ class Stages:
         failed = 0
         if not self.watchdog.started:
             self.watchdog.start()
+        if not await self.key.admit():
+            return failed  # it waits for its key; the gate moves it on once admitted
         while record.state.status == JobStatus.RUNNING and not record.released:
             if not await record.still_owned():
                 return failed  # another host claimed the job: this activation let it go
@@ -124,6 +129,10 @@ class Stages:
                     return failed
             self.open_stage(following)
         return failed
+
+    async def _move_on(self) -> None:
+        await self.advance(dispatch_failures_fail=False)
+        await self.record.save_progress()
 
     def open_stage(self, stage: int) -> None:
         self.ledger.open(stage)

@@ -3,6 +3,7 @@
 Nothing here imports Ray or a storage driver: declaring a job touches neither.
 """
 
+from .concurrency import ConcurrencyKey
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .job import (
@@ -47,6 +48,7 @@ from .step import JobRequest, JobStep, StepCancelled, StepContext, StepFailed, S
 __all__ = [
     *_errors_all,
     # authoring
+    "ConcurrencyKey",
     "Job",
     "JobInfo",
     "JobRequest",

@@ -142,6 +142,9 @@ class JobsOptions(BaseModel):
     finish_started_jobs: float = 0.0
     """Points of priority a job gains in proportion to the share of its steps done (all of
     them at 100 %): started jobs finish before new ones take the workers; 0 turns it off."""
+    concurrency_poll_interval: timedelta = timedelta(seconds=1)
+    """How often a job waiting for its concurrency key asks again whether a place is free
+    (at once when a job of its key on the same controller host finishes)."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -188,7 +191,7 @@ class JobsOptions(BaseModel):
             raise ValueError("must be positive: a wait on another host cannot last forever")
         return duration
 
-    @field_validator("membership_interval", mode="before")
+    @field_validator("membership_interval", "concurrency_poll_interval", mode="before")
     @classmethod
     def _cadence(cls, value: Any) -> timedelta:
         duration = parse_duration(value)

@@ -180,6 +180,19 @@ class WorkerWait(_Model):
     _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
 
 
+class KeyWait(_Model):
+    """A job waiting for its concurrency key: the key, its limit, since when."""
+
+    key: str
+    limit: int
+    since: datetime
+
+    _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
+
+    def text(self) -> str:
+        return f"waiting: key {self.key} at its limit {self.limit}"
+
+
 class Quarantine(_Model):
     """A job recovery gave up on: why, after how many attempts in a row, and since when."""
 
@@ -225,6 +238,10 @@ class JobState(_Model):
     priority: int = 0
     """Higher goes first while jobs wait for the same workers; a waiting job's priority rises
     with its wait (docs/scheduling.md). From `start(priority=...)` or the job class."""
+    concurrency_key: str | None = None
+    """The job's concurrency key (`Job.concurrency`, or the one `start` named)."""
+    waiting_for_key: KeyWait | None = None
+    """Set while the job waits for its key: as many jobs of its key as its limit run."""
     rerun_steps: list[str] = Field(default_factory=list)
     """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
     that begins it and emptied once their records are reset: a recovery in between resets

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from ..engine.job import JobStartResult
 from ..engine.priority import check_priority
+from ..jobs.concurrency import check_key
 from ..jobs.errors import (
     DrainOutcome,
     JobNotFoundError,
@@ -125,20 +126,23 @@ class AsyncJobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Start a job; returns its id once the job is durable (and its steps dispatched,
         unless the job starts them in the background). With `job_id`, starting again returns
         that job instead of a second one. `priority`: higher goes first while jobs wait for
-        workers (None: the job class's; docs/scheduling.md).
+        workers; `concurrency_key`: the job's key under its class's `concurrency` limit (None:
+        the class's, for both; docs/scheduling.md).
 
         Without `job_id` the client names the job itself, so that asking a replaced controller
         host again cannot start a second job."""
         key = job_key(scope, namespace)
         job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
         priority = None if priority is None else check_priority(priority)
+        concurrency_key = None if concurrency_key is None else check_key(concurrency_key)
         payload = default_registry.dump_request(request)
         await self._remember(job_type, key)
-        operation = Start(key, job_type.name, payload, job_id, priority)
+        operation = Start(key, job_type.name, payload, job_id, priority, concurrency_key)
         started = _started(await self._ask(operation, job_type=job_type.name))
         self._started[(key, started)] = None
         if len(self._started) > _STARTED_MEMORY:

@@ -65,10 +65,17 @@ class Jobs:
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Start a job; returns its id once the job is durable (see `AsyncJobs.start`)."""
         starting = self.aio.start(
-            job_type, request, job_id=job_id, scope=scope, namespace=namespace, priority=priority
+            job_type,
+            request,
+            job_id=job_id,
+            scope=scope,
+            namespace=namespace,
+            priority=priority,
+            concurrency_key=concurrency_key,
         )
         return _run(starting)
 

@@ -22,6 +22,8 @@ from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import PackedReport, unpack_reports
 from ..engine.priority import check_priority
+from ..engine.starting import StartSettings
+from ..jobs.concurrency import check_key
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
 from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobKey, JobState
@@ -77,6 +79,8 @@ class Start(Operation[JobStartResult]):
     job_id: str
     priority: int | None = None
     """None: the job class's (a host of the previous release starts every job so)."""
+    concurrency_key: str | None = None
+    """None: the job class's key of the request."""
 
     async def run(self, host: Serving) -> JobStartResult:
         successor = host.successor()
@@ -86,8 +90,11 @@ class Start(Operation[JobStartResult]):
         registry = manager.ctx.registry
         job_class = registry.resolve(self.job_type, TypeKind.JOB)
         request = registry.load(self.request, TypeKind.REQUEST)
-        priority = None if self.priority is None else check_priority(self.priority)
-        result = await manager.start(job_class, request, job_id=self.job_id, priority=priority)
+        settings = StartSettings(
+            None if self.priority is None else check_priority(self.priority),
+            None if self.concurrency_key is None else check_key(self.concurrency_key),
+        )
+        result = await manager.start(job_class, request, job_id=self.job_id, settings=settings)
         host.metrics.job_started(self.job_type, result.succeeded)
         return result
 

@@ -27,8 +27,10 @@ from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, 
 from ..engine.ports import Dispatched
 from ..engine.priority import check_priority
 from ..engine.run_host import SyncStepRunner
+from ..engine.starting import StartSettings
 from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
+from ..jobs.concurrency import check_key
 from ..jobs.errors import JobNotFoundError, NoEligibleJobWorker
 from ..jobs.job import Job
 from ..jobs.options import JobsOptions
@@ -311,14 +313,18 @@ class InProcessCluster:
         key: JobKey | None = None,
         job_id: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> JobStartResult:
-        """Start a job, as `Jobs.start` does: a caller's `job_id` (and `priority`) is checked
-        first, so what the client would refuse is refused here too (`InvalidJobIdError`)."""
+        """Start a job, as `Jobs.start` does: a caller's `job_id`, `priority` and
+        `concurrency_key` are checked first, so what the client would refuse is refused here
+        too (`InvalidJobIdError`, `InvalidOptionError`)."""
         if job_id is not None:
             check_job_id(job_id)
-        if priority is not None:
-            check_priority(priority)
-        return await self.manager(key).start(job_type, request, job_id=job_id, priority=priority)
+        settings = StartSettings(
+            None if priority is None else check_priority(priority),
+            None if concurrency_key is None else check_key(concurrency_key),
+        )
+        return await self.manager(key).start(job_type, request, job_id=job_id, settings=settings)
 
     async def retry_failed(
         self, job_id: str, steps: Sequence[str] | None = None, *, key: JobKey | None = None

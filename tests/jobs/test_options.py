@@ -57,6 +57,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "job_ownership_lease": ("timeout", timedelta(seconds=60)),
     "reconciliation_interval": ("duration", timedelta(seconds=60)),
     "membership_interval": ("timeout", timedelta(seconds=1)),
+    "concurrency_poll_interval": ("timeout", timedelta(seconds=1)),
     "priority_aging": ("points", 1.0),
     "finish_started_jobs": ("points", 0.0),
     "key_providers": ("names", ()),

@@ -271,9 +271,10 @@ def test_a_start_answers_the_managers_result_typed():
         ctx = type("Ctx", (), {"registry": Registry()})()
 
         async def start(
-            self, job_class: Any, request: Any, *, job_id: str, priority: int | None
+            self, job_class: Any, request: Any, *, job_id: str, settings: Any
         ) -> JobStartResult:
-            assert (job_class, request, priority) == ("class a-job", "typed request", None)
+            assert (job_class, request) == ("class a-job", "typed request")
+            assert (settings.priority, settings.concurrency_key) == (None, None)
             return JobStartResult(job_id=job_id)
 
     class Host:
