@@ -65,10 +65,18 @@ def holds(state: JobState | None) -> bool:
 
 
 async def admit(
-    storage: JobsStorage, registry: TypeRegistry, job_id: str, key: str, limit: int
+    storage: JobsStorage,
+    registry: TypeRegistry,
+    job_id: str,
+    key: str,
+    limit: int,
+    *,
+    may_take: bool = True,
 ) -> bool:
     """Take a place of `key` for `job_id` by compare-and-set on the key's record; False while
-    `limit` jobs that still run hold it (or the record kept changing under the attempts)."""
+    `limit` jobs that still run hold it (or the record kept changing under the attempts).
+    A job that holds a place already has it (a recovered job); one that may not take a new
+    place (`may_take`: another waits before it) gets none."""
     _register(registry)
     steps = storage.steps
     for _ in range(_ATTEMPTS):
@@ -76,6 +84,8 @@ async def admit(
         holders = _holders(record)
         if job_id in holders:
             return True
+        if not may_take:
+            return False
         if len(holders) >= limit:
             found = await asyncio.gather(*(storage.jobs.find(holder) for holder in holders))
             holders = [h for h, state in zip(holders, found, strict=True) if holds(state)]

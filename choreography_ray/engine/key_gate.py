@@ -37,9 +37,9 @@ class KeyGate:
         limit = self.limit()
         waiters = core.ctx.keys
         ctx = core.ctx
-        if limit is None or (
-            not waiters.ahead(key, core.id)
-            and await admit(ctx.storage, ctx.registry, core.id, key, limit)
+        first = not waiters.ahead(key, core.id)
+        if limit is None or await admit(
+            ctx.storage, ctx.registry, core.id, key, limit, may_take=first
         ):
             self._admitted = state.execution_generation
             state.waiting_for_key = None
