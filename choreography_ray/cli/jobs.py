@@ -166,6 +166,14 @@ def jobs_show(
     if job.waiting_for_worker is not None:
         since = f"{job.waiting_for_worker.since:%Y-%m-%d %H:%M:%S}"
         console.print(f"[yellow]{waiting_text(job)}[/yellow] (since {since})", soft_wrap=True)
+    from ..console.reader import key_wait
+
+    keyed = key_wait(job)
+    if keyed is not None:
+        since = f"{keyed.since:%Y-%m-%d %H:%M:%S}"
+        console.print(f"[yellow]{escape(keyed.text())}[/yellow] (since {since})", soft_wrap=True)
+    elif job.concurrency_key is not None:
+        console.print(escape(f"concurrency key: {job.concurrency_key}"), soft_wrap=True)
     console.print(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console.reader import status_text, waiting_for_worker
+from ..console.reader import key_wait, status_text, waiting_for_worker
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -81,6 +81,8 @@ def job_json(job: JobState) -> dict[str, Any]:
         },
         "details": job.details,
         "waiting_for_worker": _waiting(job),
+        "concurrency_key": job.concurrency_key,
+        "waiting_for_key": _key_wait(job),
         "quarantine": _quarantine(job),
     }
 
@@ -94,6 +96,13 @@ def _quarantine(job: JobState) -> dict[str, Any] | None:
         "attempts": quarantine.attempts,
         "since": _time(quarantine.since),
     }
+
+
+def _key_wait(job: JobState) -> dict[str, Any] | None:
+    wait = key_wait(job)
+    return (
+        None if wait is None else {"key": wait.key, "limit": wait.limit, "since": _time(wait.since)}
+    )
 
 
 def _waiting(job: JobState) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from .reader import (
     FAILED_STEPS,
     JobFilter,
     Page,
+    key_wait,
     quarantine_text,
     status_text,
     waiting_for_worker,
@@ -222,6 +223,9 @@ def job_page(
     wait = waiting_for_worker(job)
     if wait is not None:
         state.append(f"waiting for a worker since {when(wait.since)} UTC: {wait.reason}")
+    keyed = key_wait(job)
+    if keyed is not None:
+        state.append(f"{keyed.text()} since {when(keyed.since)} UTC")
     if job.pending_drain:
         state.append("draining: running steps finish, no new step starts")
     if job.status == JobStatus.STOPPED:

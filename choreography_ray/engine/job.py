@@ -142,8 +142,9 @@ class JobActivation:
     @property
     def outstanding(self) -> int:
         """Steps of a running job with no outcome yet: what it still asks of worker nodes."""
-        if self._record.released or self._record.state.status != JobStatus.RUNNING:
-            return 0
+        state = self._record.state
+        if self._record.released or state.status != JobStatus.RUNNING or state.waiting_for_key:
+            return 0  # a job waiting for its concurrency key asks nothing of the nodes yet
         return self._core.ledger.outstanding
 
     def peek(self) -> JobState | None:

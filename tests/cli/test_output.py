@@ -99,6 +99,8 @@ def test_the_json_schema_of_a_job_is_stable():
         "progress",
         "details",
         "waiting_for_worker",
+        "concurrency_key",
+        "waiting_for_key",
         "quarantine",
     }
     assert listed["created"] == "2026-05-01T09:00:00Z"

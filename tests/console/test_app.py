@@ -251,6 +251,20 @@ def test_retry_failed_runs_a_finished_jobs_failed_steps_again(console):
     assert button is not None and "disabled" in button.group(1)
 
 
+def test_the_job_page_and_the_listing_show_a_job_waiting_for_its_key(console):
+    fixtures.SCRIPT.behaviour["t1"].block = True
+    fixtures.SCRIPT.behaviour["t2"].block = True
+    for key in ("t1", "t2"):
+        console.run(console.cluster.start(fixtures.TenantJob, fixtures.tenant("acme", key)))
+    waiting = console.run(console.cluster.start(fixtures.TenantJob, fixtures.tenant("acme", "t3")))
+    console.run(console.cluster.settle())
+    _, page = get(console, f"/jobs/{waiting.job_id}")
+    assert "waiting: key acme at its limit 2 since" in page
+    _, listing = get(console, "/jobs")
+    assert "RUNNING (waiting)" in listing
+    fixtures.SCRIPT.release("t1", "t2")
+
+
 def test_the_job_page_shows_the_jobs_priority(console):
     result = console.run(console.cluster.start(ScenarioJob, request("a"), priority=7))
     console.run(console.cluster.settle())

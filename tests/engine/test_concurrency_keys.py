@@ -4,10 +4,7 @@ takes nothing), the others wait visibly and start as places free."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from pydantic import BaseModel, Field
 
 from choreography_ray.engine.clock import FakeClock
 from choreography_ray.engine.concurrency import KEYS_JOB
@@ -22,24 +19,7 @@ from choreography_ray.jobs import (
 from choreography_ray.testing import InProcessCluster
 
 from . import fixtures
-from .fixtures import KeyRequest, KeyStep
-
-
-class TenantRequest(BaseModel):
-    tenant: str
-    keys: list[str] = Field(default_factory=list)
-
-
-class TenantJob(fixtures._Recording, Job[TenantRequest], name="scenario.tenant-job"):
-    keep_after_completed = True
-    concurrency = ConcurrencyKey("tenant", max_running=2)
-
-    def prepare_steps(self, request: TenantRequest) -> list[Any]:
-        return [self.create_step(KeyStep, KeyRequest(key=key), name=key) for key in request.keys]
-
-
-def tenant(name: str, *keys: str) -> TenantRequest:
-    return TenantRequest(tenant=name, keys=list(keys))
+from .fixtures import TenantJob, TenantRequest, tenant
 
 
 async def holders(cluster: InProcessCluster, key: str) -> list[str]:
@@ -58,6 +38,7 @@ def test_a_key_at_its_limit_makes_the_next_job_wait_visibly(run, cluster, script
         other = await cluster.start(TenantJob, tenant("b", "b1"))
         await cluster.settle()
         waiting = await cluster.manager().get(third.job_id)
+        assert cluster.manager().outstanding_steps == 3  # the waiting job asks for no node
         held = await holders(cluster, "a")
         ran_before = sorted(k for k, _ in script.runs)
         script.release("a1")  # a place of key a frees: the waiting job is admitted at once
