@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from choreography_ray.jobs import Job, JobStep, StepContext
+from choreography_ray.jobs import ConcurrencyKey, Job, JobStep, StepContext
 
 
 class Timed(BaseModel):
@@ -44,3 +44,47 @@ def starts(directory: Path) -> list[str]:
     """The tag of every step that began, in the order they began."""
     found = [(float(path.read_text()), path.name.rsplit("-", 1)[0]) for path in directory.iterdir()]
     return [tag for _, tag in sorted(found)]
+
+
+GATE = "scheduling-tests-gate"
+GATE_NAMESPACE = "scheduling-tests"
+
+
+class Gate:
+    """A named actor keyed steps wait on, so the test decides when they finish."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self.opened.wait()
+
+    async def open(self) -> None:
+        self.opened.set()
+
+
+class Tenant(BaseModel):
+    directory: str
+    tenant: str
+    tag: str
+
+
+class WaitForGate(JobStep[Tenant, Tenant, int], name="scheduling-tests.wait-for-gate"):
+    def initialize_state(self, request: Tenant) -> Tenant:
+        return request
+
+    async def perform(self, state: Tenant, ctx: StepContext) -> int:
+        import ray
+
+        (Path(state.directory) / f"{state.tag}-start").write_text(repr(time.time()))
+        await ray.get_actor(GATE, namespace=GATE_NAMESPACE).wait.remote()
+        (Path(state.directory) / f"{state.tag}-end").write_text(repr(time.time()))
+        return 1
+
+
+class KeyedJob(Job[Tenant], name="scheduling-tests.keyed"):
+    keep_after_completed = True
+    concurrency = ConcurrencyKey("tenant", max_running=2)
+
+    def prepare_steps(self, request: Tenant):
+        return [self.create_step(WaitForGate, request)]

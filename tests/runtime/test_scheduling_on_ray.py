@@ -1,16 +1,20 @@
 """Scheduling controls on a real multi-node Ray cluster: two controller hosts and one worker
-node that performs one step at a time (one cluster for the module)."""
+node that performs one step at a time (one cluster for the module; the last test removes the
+second controller's node)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from choreography_ray.jobs import JobsOptions, JobStatus
+from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, default_registry
 
 from .conftest import ROOT
-from .scheduling_jobs import Timed, TimedJob, starts
+from .scheduling_jobs import GATE, GATE_NAMESPACE, Gate, KeyedJob, Tenant, Timed, TimedJob, starts
 
 AGING = 600.0
 """Points a minute: 10 a second, so the low job's wait behind priority 10 is about a second."""
@@ -21,7 +25,13 @@ def cluster(tmp_path_factory) -> Iterator[object]:
     from choreography_ray.testing import MultiNodeCluster
 
     storage = f"sqlite:///{tmp_path_factory.mktemp('scheduling') / 'jobs.db'}"
-    options = JobsOptions(max_parallel_steps=1, priority_aging=AGING)
+    options = JobsOptions(
+        max_parallel_steps=1,
+        priority_aging=AGING,
+        concurrency_poll_interval=timedelta(milliseconds=250),
+        job_ownership_lease=timedelta(seconds=5),
+        reconciliation_interval=timedelta(seconds=2),
+    )
     with MultiNodeCluster(
         storage,
         nodes=("controller", "controller", "worker"),
@@ -49,3 +59,63 @@ def test_the_higher_priority_finishes_first_and_the_lower_still_progresses(clust
     assert low_during_high >= 1  # aged past the high job's priority while it ran
     assert low_during_high < order.count("low") / 2  # but the high job went first
     assert jobs.get(high).priority == 10 and jobs.get(low).priority == 0
+
+
+def _start_on(controller: str, request: Tenant, job_id: str) -> None:
+    """Start a job on one controller host by name (the client would choose its own)."""
+    import ray
+
+    from choreography_ray.runtime.operations import Start
+
+    payload = default_registry.dump_request(request)
+    operation = Start(JobKey(), KeyedJob.name, payload, job_id)
+    handle = ray.get_actor(controller, namespace="choreography")
+    assert ray.get(handle.perform.remote(operation), timeout=60).succeeded
+
+
+def _until(check, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.1)
+
+
+def test_a_key_at_its_limit_holds_across_two_controllers_and_after_one_is_lost(cluster, tmp_path):
+    """Jobs of one key on two controller hosts: two run, the third waits, although its host
+    runs only one of them (the count comes from storage). The second controller's node is
+    removed: its job still holds its place until it finished elsewhere, so the waiting job
+    waits on; once places free, it runs."""
+    import ray
+
+    jobs = cluster.jobs
+    head = ray.get_runtime_context().get_node_id()
+    [other] = [
+        name
+        for name in cluster.host_names()
+        if name.startswith("choreography:controller:") and not name.endswith(head)
+    ]
+    gate = ray.remote(Gate).options(name=GATE, namespace=GATE_NAMESPACE, num_cpus=0).remote()
+    try:
+        tenant = {tag: Tenant(directory=str(tmp_path), tenant="acme", tag=tag) for tag in "abc"}
+        first = jobs.start(KeyedJob, tenant["a"])
+        _start_on(other, tenant["b"], "second")
+        third = jobs.start(KeyedJob, tenant["c"])
+        _until(lambda: jobs.get(third).waiting_for_key is not None)
+        assert jobs.get(first).waiting_for_key is None
+        assert jobs.get("second").waiting_for_key is None
+        assert jobs.get("second").owner.host == other
+
+        lost = cluster.remove_node("controller")  # the second controller's node dies
+        cluster.wait_node_dead(lost)
+        # Its job is unfinished in storage, so it still holds its place: the third waits on.
+        assert jobs.get("second").status == JobStatus.RUNNING
+        assert jobs.get(third).waiting_for_key is not None
+        assert not (Path(tmp_path) / "c-start").exists()
+
+        ray.get(gate.open.remote())
+        for job_id in (first, "second", third):
+            assert jobs.wait(job_id, timeout=120).status == JobStatus.COMPLETED_SUCCESSFULLY
+        ends = sorted(float((Path(tmp_path) / f"{tag}-end").read_text()) for tag in "ab")
+        assert float((Path(tmp_path) / "c-start").read_text()) >= ends[0]
+    finally:
+        ray.kill(gate)
