@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from ..jobs.errors import (
     UnknownTypeError,
     VersionConflictError,
 )
-from ..jobs.job import Job
+from ..jobs.job import Job, StepDetails
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import (
@@ -232,13 +232,14 @@ class JobsManager:
         request: BaseModel,
         *,
         job_id: str | None = None,
+        steps: Iterable[StepDetails] | None = None,
+        max_active_steps: int | None = None,
         settings: StartSettings = DEFAULT_START,
     ) -> JobStartResult:
-        """Start a job (`settings`: its priority and key, else the class's). With a
-        caller-supplied `job_id`, starting it again returns that job."""
-        if not (isinstance(job_type, type) and issubclass(job_type, Job)) or not hasattr(
-            job_type, "name"
-        ):
+        """Start a job (its `job_id` again: that job); `steps` stand in for `prepare_steps`;
+        `settings`: its priority and concurrency key, else the class's."""
+        is_job = isinstance(job_type, type) and issubclass(job_type, Job)
+        if not is_job or not hasattr(job_type, "name"):
             raise TypeError(f"{job_type!r} is not a Job class with a request type")
         if not isinstance(request, job_type.request_type):
             raise TypeError(
@@ -262,9 +263,9 @@ class JobsManager:
                         else StartJobError.ALREADY_BEEN_PREPARED
                     )
                     return JobStartResult(job_id, refusal)
-                return await activation.start(request, settings)
+                return await activation.start(request, steps, max_active_steps, settings)
         else:
-            return await existing.start(request, settings)
+            return await existing.start(request, steps, max_active_steps, settings)
         state = JobState(
             id=job_id,
             key=self.ctx.key,
@@ -276,7 +277,7 @@ class JobsManager:
             self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
         )
         self._activations[job_id] = activation
-        return await activation.start(request, settings)
+        return await activation.start(request, steps, max_active_steps, settings)
 
     async def get(self, job_id: str) -> JobState:
         """The job as its live activation holds it between operations, else as stored."""

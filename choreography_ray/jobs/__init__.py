@@ -6,6 +6,7 @@ Nothing here imports Ray or a storage driver: declaring a job touches neither.
 from .concurrency import ConcurrencyKey
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
+from .functions import JobFunction, StepFunction, job, step
 from .job import (
     Job,
     JobInfo,
@@ -14,6 +15,7 @@ from .job import (
     StepDetails,
     StepOutcome,
 )
+from .mapping import MapJob  # noqa: F401 - registered here, so every host runs map jobs
 from .options import JobsOptions, parse_duration
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
 from .retry import RetryPolicy
@@ -50,6 +52,7 @@ __all__ = [
     # authoring
     "ConcurrencyKey",
     "Job",
+    "JobFunction",
     "JobInfo",
     "JobRequest",
     "JobStageFailureBehavior",
@@ -59,8 +62,11 @@ __all__ = [
     "StepContext",
     "StepDetails",
     "StepFailed",
+    "StepFunction",
     "StepOutcome",
     "StepRequest",
+    "job",
+    "step",
     # options
     "JobsOptions",
     "RetryPolicy",

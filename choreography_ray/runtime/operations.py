@@ -25,6 +25,7 @@ from ..engine.priority import check_priority
 from ..engine.starting import StartSettings
 from ..jobs.concurrency import check_key
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
+from ..jobs.mapping import MapItems
 from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
@@ -73,10 +74,15 @@ class Operation(ABC, Generic[R]):
 
 @dataclass(frozen=True)
 class Start(Operation[JobStartResult]):
+    """Start a job. A map job (`jobs.map`) carries its `items` as checked JSON in chunks
+    (`MapItems`), from which the host plans a step per item, and its own window."""
+
     what = "jobs.start"
     job_type: str
     request: Payload
     job_id: str
+    items: MapItems | None = None
+    max_active_steps: int | None = None
     priority: int | None = None
     """None: the job class's (a host of the previous release starts every job so)."""
     concurrency_key: str | None = None
@@ -94,7 +100,14 @@ class Start(Operation[JobStartResult]):
             None if self.priority is None else check_priority(self.priority),
             None if self.concurrency_key is None else check_key(self.concurrency_key),
         )
-        result = await manager.start(job_class, request, job_id=self.job_id, settings=settings)
+        result = await manager.start(
+            job_class,
+            request,
+            job_id=self.job_id,
+            steps=None if self.items is None else self.items.details(registry),
+            max_active_steps=self.max_active_steps,
+            settings=settings,
+        )
         host.metrics.job_started(self.job_type, result.succeeded)
         return result
 
