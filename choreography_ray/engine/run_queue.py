@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 from ..jobs.state import JobKey
 from .priority import effective
+from .rates import RateGates
 from .run import StepRun
 
 JobRef = tuple[JobKey, str]
@@ -46,7 +47,12 @@ class RunQueue:
     """Runs waiting for a slot: per job, taken round-robin by job, or by effective priority
     while a job has points (`seconds`: the clock, in seconds; `aging`: points a minute)."""
 
-    def __init__(self, seconds: Callable[[], float] | None = None, aging: float = 1.0) -> None:
+    def __init__(
+        self,
+        seconds: Callable[[], float] | None = None,
+        aging: float = 1.0,
+        gates: RateGates | None = None,
+    ) -> None:
         self._by_job: dict[JobRef, _JobRuns] = {}
         self._ring: deque[_JobRuns] = deque()
         self._size = 0
@@ -54,6 +60,10 @@ class RunQueue:
         self._aging = aging
         self._prioritized = 0
         """Queued jobs whose points are not 0: while there are none, the ring decides."""
+        self._gates = gates
+        """Where runs of rate-limited step types wait for a token before they are queued."""
+        if gates is not None:
+            gates.release = self._released
 
     def __len__(self) -> int:
         return self._size
@@ -68,7 +78,20 @@ class RunQueue:
     ) -> None:
         """Queue `runs` of `job` behind the runs it has queued already (`first`: ahead of
         them, in their order: runs sent again after they were lost). `points`: the job's
-        priority points now (None: as they were)."""
+        priority points now (None: as they were). Runs of a rate-limited step type wait for
+        their token first (`RateGates`)."""
+        if self._gates is not None:
+            runs = self._gates.hold(job, runs, first, points)
+        self._queue(job, runs, first, points)
+
+    def _released(
+        self, job: JobRef, runs: list[StepRun], first: bool, points: float | None
+    ) -> None:
+        self._queue(job, runs, first, points)
+
+    def _queue(
+        self, job: JobRef, runs: Iterable[StepRun], first: bool, points: float | None
+    ) -> None:
         queue = self._by_job.get(job)
         fresh = queue is None
         if queue is None:
@@ -150,20 +173,21 @@ class RunQueue:
     def remove(self, job: JobRef, runs: Iterable[StepRun]) -> list[StepRun]:
         """Take those of `runs` that are still queued out of the queue (in one pass over the
         job's queue, however many are stopped); return them."""
+        wanted = {id(run) for run in runs}
+        held = [] if self._gates is None else self._gates.remove(job, wanted)
         queue = self._by_job.get(job)
         if queue is None:
-            return []
-        wanted = {id(run) for run in runs}
+            return held
         kept = [run for run in queue if id(run) not in wanted]
         if len(kept) == len(queue):
-            return []
+            return held
         removed = [run for run in queue if id(run) in wanted]
         queue.clear()
         queue.extend(kept)
         self._size -= len(removed)
         if not queue:
             self._leave(queue)
-        return removed
+        return held + removed
 
     def take_last(self, job: JobRef, count: int) -> list[StepRun]:
         """Take up to `count` of `job`'s queued runs out of the queue, the latest first: the
@@ -186,6 +210,8 @@ class RunQueue:
         self._ring.clear()
         self._size = 0
         self._prioritized = 0
+        if self._gates is not None:
+            self._gates.clear()
 
     def _leave(self, queue: _JobRuns) -> None:
         """An emptied job leaves the ring."""

@@ -37,6 +37,7 @@ from .messages import (
 )
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
+from .rates import RateGates
 from .run import StepRun, settled_within
 from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner, call_on
 from .run_queue import RunQueue
@@ -88,7 +89,8 @@ class StepWorker:
         self.peers = peers
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging)
+        gates = RateGates(lambda: storage_for(JobKey()), registry, clock, self._pump)
+        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging, gates)
         self._performing = 0
         self._runners = 0
         self.writers = StepWriters(

@@ -17,6 +17,7 @@ from .job import (
 )
 from .mapping import MapJob  # noqa: F401 - registered here, so every host runs map jobs
 from .options import JobsOptions, parse_duration
+from .rates import RateLimit
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
 from .retry import RetryPolicy
 from .state import (
@@ -69,6 +70,7 @@ __all__ = [
     "step",
     # options
     "JobsOptions",
+    "RateLimit",
     "RetryPolicy",
     "parse_duration",
     # registry

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, RootModel
 
 from .errors import ChoreographyError, TypeRegistryError
+from .rates import RATE_LIMITED, RateLimit
 from .registry import TypeKind, TypeRegistry, default_registry
 from .retry import RetryPolicy, check_policy, duration_seconds
 
@@ -172,6 +173,9 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
     retry_policy: ClassVar[RetryPolicy | None] = None
     """How this step's failures are retried; None leaves it to the job class, then the
     options. Wins whole over theirs (see `RetryPolicy`)."""
+    rate_limit: ClassVar[RateLimit | str | None] = None
+    """At most so many runs of this step type begin per period across the cluster ("100/s",
+    "5000/h", or a `RateLimit`); the others wait their turn (docs/scheduling.md)."""
 
     def __init_subclass__(
         cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
@@ -203,6 +207,9 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
             cls.registry.register(root, kind=TypeKind.RESULT, name=f"{cls.name}:result")
         cls.registry.register(cls, kind=TypeKind.STEP, name=cls.name)
         check_policy(cls)
+        if cls.rate_limit is not None:
+            cls.rate_limit = RateLimit.of(cls.rate_limit)
+            RATE_LIMITED.add(cls.name)
 
     @abstractmethod
     def initialize_state(self, request: TRequest) -> TState:
