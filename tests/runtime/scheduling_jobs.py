@@ -88,3 +88,43 @@ class KeyedJob(Job[Tenant], name="scheduling-tests.keyed"):
 
     def prepare_steps(self, request: Tenant):
         return [self.create_step(WaitForGate, request)]
+
+
+RATE = 10.0
+"""Runs a second the rate-limited step type allows, across the cluster."""
+
+
+class Numbered(BaseModel):
+    directory: str
+    steps: int = 1
+    n: int = 0
+
+
+class RatedCall(JobStep[Numbered, Numbered, int], name="scheduling-tests.rated-call"):
+    rate_limit = f"{RATE:g}/s"
+
+    def initialize_state(self, request: Numbered) -> Numbered:
+        return request
+
+    async def perform(self, state: Numbered, ctx: StepContext) -> int:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        (Path(state.directory) / str(state.n)).write_text(f"{time.time()!r} {node}")
+        return state.n
+
+
+class RatedJob(Job[Numbered], name="scheduling-tests.rated"):
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Numbered):
+        return [
+            self.create_step(RatedCall, request.model_copy(update={"n": n}))
+            for n in range(request.steps)
+        ]
+
+
+def began(directory: Path) -> list[tuple[float, str]]:
+    """When each rated call began, and on which node, in order."""
+    found = [path.read_text().split() for path in directory.iterdir()]
+    return sorted((float(when), node) for when, node in found)

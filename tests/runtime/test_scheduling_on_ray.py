@@ -1,6 +1,6 @@
-"""Scheduling controls on a real multi-node Ray cluster: two controller hosts and one worker
-node that performs one step at a time (one cluster for the module; the last test removes the
-second controller's node)."""
+"""Scheduling controls on a real multi-node Ray cluster: two controller hosts and two worker
+nodes that perform one step at a time each (one cluster for the module; the last test removes
+the second controller's node)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,20 @@ import pytest
 from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, default_registry
 
 from .conftest import ROOT
-from .scheduling_jobs import GATE, GATE_NAMESPACE, Gate, KeyedJob, Tenant, Timed, TimedJob, starts
+from .scheduling_jobs import (
+    GATE,
+    GATE_NAMESPACE,
+    RATE,
+    Gate,
+    KeyedJob,
+    Numbered,
+    RatedJob,
+    Tenant,
+    Timed,
+    TimedJob,
+    began,
+    starts,
+)
 
 AGING = 600.0
 """Points a minute: 10 a second, so the low job's wait behind priority 10 is about a second."""
@@ -34,7 +47,7 @@ def cluster(tmp_path_factory) -> Iterator[object]:
     )
     with MultiNodeCluster(
         storage,
-        nodes=("controller", "controller", "worker"),
+        nodes=("controller", "controller", "worker", "worker"),
         modules=["tests.runtime.scheduling_jobs"],
         options=options,
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
@@ -59,6 +72,31 @@ def test_the_higher_priority_finishes_first_and_the_lower_still_progresses(clust
     assert low_during_high >= 1  # aged past the high job's priority while it ran
     assert low_during_high < order.count("low") / 2  # but the high job went first
     assert jobs.get(high).priority == 10 and jobs.get(low).priority == 0
+
+
+def test_a_rate_limit_holds_within_ten_percent_over_thirty_seconds_on_two_worker_hosts(
+    cluster, tmp_path
+):
+    """A step type limited to 10 runs a second, 310 runs on two worker hosts: after the
+    burst of 10, the rest begin at the rate the two hosts share, neither faster nor (beyond
+    10 %) slower, and each host ran some."""
+    jobs = cluster.jobs
+    steps = int(RATE * 30 + RATE)
+    job_id = jobs.start(RatedJob, Numbered(directory=str(tmp_path), steps=steps))
+    assert jobs.wait(job_id, timeout=120).status == JobStatus.COMPLETED_SUCCESSFULLY
+    runs = began(tmp_path)
+    assert len(runs) == steps
+    after_burst = runs[int(RATE) :]
+    seconds = after_burst[-1][0] - runs[0][0]
+    rate = (len(after_burst)) / seconds
+    assert abs(rate - RATE) <= 0.1 * RATE, f"{rate:.2f} runs/s over {seconds:.1f} s"
+    # No window of a second holds more than the bucket's size and one second's rate.
+    times = [when for when, _ in runs]
+    assert all(
+        sum(1 for t in times[i:] if t < start + 1.0) <= 2 * RATE + 1
+        for i, start in enumerate(times)
+    )
+    assert len({node for _, node in runs}) == 2
 
 
 def _start_on(controller: str, request: Tenant, job_id: str) -> None:
