@@ -19,16 +19,15 @@ from .run_host import payload_tuple
 def prepared_record(job_id: str, step_id: str, prepared: Prepared) -> JobStepState:
     """The record a job just prepared and stored, as it sent it with the step's first start."""
     step_type, name, stage, state_type, state_data, version = prepared
-    state = JobStepState.prepared(
+    return JobStepState.prepared(
         id=step_id,
         job_id=job_id,
         type=step_type,
         name=name,
         stage=stage,
         state=trusted(Payload, type=state_type, data=state_data),
+        version=version,
     )
-    state.version = version
-    return state
 
 
 def settled(start: StepStart, state: JobStepState) -> StartResult | None:

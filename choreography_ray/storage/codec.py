@@ -49,10 +49,6 @@ def to_micros(value: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-_JOB_EXCLUDE = {"version"}
-_STEP_EXCLUDE = {"version"}
-
-
 def check_id(value: Any, what: str) -> str:
     """Ids are non-empty strings of bounded length; anything else is a caller's mistake."""
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
@@ -72,10 +68,10 @@ class RecordCodec:
     # -- jobs ---------------------------------------------------------------------------------
 
     def encode_job(self, state: JobState) -> str:
-        return state.model_dump_json(exclude=_JOB_EXCLUDE)
+        return state.model_dump_json()
 
     def job_document(self, state: JobState) -> dict[str, Any]:
-        return state.model_dump(mode="json", exclude=_JOB_EXCLUDE)
+        return state.model_dump(mode="json")
 
     def decode_job(self, raw: str | bytes | dict[str, Any], version: int, job_id: str) -> JobState:
         try:
@@ -116,10 +112,10 @@ class RecordCodec:
     # -- steps --------------------------------------------------------------------------------
 
     def encode_step(self, state: JobStepState) -> str:
-        return state.model_dump_json(exclude=_STEP_EXCLUDE)
+        return state.model_dump_json()
 
     def step_document(self, state: JobStepState) -> dict[str, Any]:
-        return state.model_dump(mode="json", exclude=_STEP_EXCLUDE)
+        return state.model_dump(mode="json")
 
     def decode_step(
         self, raw: str | bytes | dict[str, Any], version: int, step_id: str
