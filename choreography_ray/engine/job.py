@@ -30,7 +30,7 @@ from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJ
 from ..jobs.job import Job, StepDetails
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
-from . import quarantine
+from . import adaptive, quarantine
 from .activation import ActivationCore, JobStartResult
 from .context import EngineContext
 from .draining import Draining
@@ -394,6 +394,8 @@ class JobActivation:
         handle = self._outcomes.handle
         stages = self._stages
         failed = None
+        if stages.adaptive is not None:  # only a job whose steps adapt its window
+            adaptive.observe(self._core, stages.adaptive, batch)
         try:
             for report in batch:
                 retry = await handle(report)

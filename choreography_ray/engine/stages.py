@@ -13,6 +13,7 @@ from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
+from .adaptive import AdaptiveWindow, adaptive_window
 from .key_gate import KeyGate
 from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
@@ -32,6 +33,9 @@ class Stages:
         self.watchdog = Watchdog(core, self, outcomes)
         self.key = KeyGate(core, self._move_on)
         """Admission under the job's concurrency key, before anything is dispatched."""
+        self.adaptive: AdaptiveWindow | None = None
+        """The job's adaptive window, when its steps' class adapts it."""
+        self._adaptive_checked = False
         self.undelivered: set[str] = set()
         """Steps whose start no worker took, to be sent again: while there are any, a job
         that waits for a worker goes on waiting, whatever other steps a worker took."""
@@ -189,6 +193,11 @@ class Stages:
     async def _dispatch_waiting(self, failures_fail: bool) -> int:
         core = self.core
         ledger = self.ledger
+        if self.adaptive is None and not self._adaptive_checked:
+            self._adaptive_checked = True  # once per activation: its steps' class decides
+            self.adaptive = adaptive_window(core)
+            if self.adaptive is not None:
+                core.window = self.adaptive.window
         room = min(
             ledger.room(core.window), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts
         )

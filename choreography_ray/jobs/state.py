@@ -200,6 +200,18 @@ class KeyWait(_Model):
         return f"waiting: key {self.key} at its limit {self.limit}"
 
 
+class WindowState(_Model):
+    """A job's adaptive window of active steps, as it stands (`AdaptiveConcurrency`)."""
+
+    window: int
+    limit: int
+    throttled: int = 0
+    """Outcomes that counted as throttled so far."""
+
+    def text(self) -> str:
+        return f"window {self.window}/{self.limit}, throttled {self.throttled} times"
+
+
 class Quarantine(_Model):
     """A job recovery gave up on: why, after how many attempts in a row, and since when."""
 
@@ -252,6 +264,8 @@ class JobState(_Model):
     """The job's concurrency key (`Job.concurrency`, or the one `start` named)."""
     waiting_for_key: KeyWait | None = None
     """Set while the job waits for its key: as many jobs of its key as its limit run."""
+    adaptive_window: WindowState | None = None
+    """The job's adaptive window, when its steps adapt it (`JobStep.adaptive`)."""
     rerun_steps: list[str] = Field(default_factory=list)
     """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
     that begins it and emptied once their records are reset: a recovery in between resets
@@ -315,6 +329,8 @@ class StepError(_Model):
     retry_after: float | None = None
     """Seconds the step asked to wait before its next attempt (`StepFailed(retry_after=...)`),
     instead of its retry policy's backoff."""
+    throttled: bool = False
+    """The service behind the step asked it to slow down (`StepFailed(throttled=True)`)."""
 
 
 class StepDecision(_Model):
