@@ -153,6 +153,8 @@ def jobs_show(
     p = job.progress
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
     console.print(f"priority: {job.priority}")
+    if job.adaptive_window is not None:
+        console.print(f"adaptive: {job.adaptive_window.text()}")
     if job.details:
         console.print(job.details)
     for line in quarantine_lines(job):

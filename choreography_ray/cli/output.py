@@ -83,6 +83,9 @@ def job_json(job: JobState) -> dict[str, Any]:
         "waiting_for_worker": _waiting(job),
         "concurrency_key": job.concurrency_key,
         "waiting_for_key": _key_wait(job),
+        "adaptive_window": None
+        if job.adaptive_window is None
+        else job.adaptive_window.model_dump(mode="json"),
         "quarantine": _quarantine(job),
     }
 

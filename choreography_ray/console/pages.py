@@ -243,6 +243,7 @@ def job_page(
             ("type", e(job.type)),
             ("partition", e(job.key)),
             ("priority", str(job.priority)),
+            ("adaptive window", e(job.adaptive_window.text()) if job.adaptive_window else "—"),
             ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),
