@@ -3,6 +3,7 @@
 Nothing here imports Ray or a storage driver: declaring a job touches neither.
 """
 
+from .adaptive import AdaptiveConcurrency
 from .concurrency import ConcurrencyKey
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
@@ -51,6 +52,7 @@ from .step import JobRequest, JobStep, StepCancelled, StepContext, StepFailed, S
 __all__ = [
     *_errors_all,
     # authoring
+    "AdaptiveConcurrency",
     "ConcurrencyKey",
     "Job",
     "JobFunction",
