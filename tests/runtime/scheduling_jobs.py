@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from choreography_ray.jobs import ConcurrencyKey, Job, JobStep, StepContext
+from choreography_ray.jobs import (
+    AdaptiveConcurrency,
+    ConcurrencyKey,
+    Job,
+    JobStep,
+    RetryPolicy,
+    StepContext,
+    StepFailed,
+)
 
 
 class Timed(BaseModel):
@@ -128,3 +137,62 @@ def began(directory: Path) -> list[tuple[float, str]]:
     """When each rated call began, and on which node, in order."""
     found = [path.read_text().split() for path in directory.iterdir()]
     return sorted((float(when), node) for when, node in found)
+
+
+SERVICE = "scheduling-tests-service"
+CAPACITY = 1
+"""Calls the fake service takes at once (the worker hosts can make two)."""
+
+
+class ThrottlingService:
+    """A named actor that answers "throttled" (False) beyond `CAPACITY` calls in flight."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.throttled = 0
+
+    async def call(self) -> bool:
+        if self.in_flight >= CAPACITY:
+            self.throttled += 1
+            return False
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(0.02)
+            return True
+        finally:
+            self.in_flight -= 1
+
+    async def throttled_calls(self) -> int:
+        return self.throttled
+
+
+class Request(BaseModel):
+    n: int = 0
+    steps: int = 1
+
+
+class CallService(JobStep[Request, Request, int], name="scheduling-tests.call-service"):
+    adaptive = AdaptiveConcurrency(limit=32)
+    retry_policy = RetryPolicy(
+        initial_interval=timedelta(milliseconds=20), backoff_coefficient=1.0, maximum_attempts=500
+    )
+
+    def initialize_state(self, request: Request) -> Request:
+        return request
+
+    async def perform(self, state: Request, ctx: StepContext) -> int:
+        import ray
+
+        if not await ray.get_actor(SERVICE, namespace=GATE_NAMESPACE).call.remote():
+            raise StepFailed("the service throttles", throttled=True)
+        return state.n
+
+
+class CallsJob(Job[Request], name="scheduling-tests.calls"):
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Request):
+        return [
+            self.create_step(CallService, request.model_copy(update={"n": n}))
+            for n in range(request.steps)
+        ]

@@ -15,14 +15,19 @@ from choreography_ray.jobs import JobKey, JobsOptions, JobStatus, default_regist
 
 from .conftest import ROOT
 from .scheduling_jobs import (
+    CAPACITY,
     GATE,
     GATE_NAMESPACE,
     RATE,
+    SERVICE,
+    CallsJob,
     Gate,
     KeyedJob,
     Numbered,
     RatedJob,
+    Request,
     Tenant,
+    ThrottlingService,
     Timed,
     TimedJob,
     began,
@@ -97,6 +102,30 @@ def test_a_rate_limit_holds_within_ten_percent_over_thirty_seconds_on_two_worker
         for i, start in enumerate(times)
     )
     assert len({node for _, node in runs}) == 2
+
+
+def test_an_adaptive_window_settles_at_what_a_throttling_service_takes(cluster):
+    """A service that takes one call at once, two worker hosts that could make two: the job's
+    window falls from 32 to about what the service takes, and every call ends answered."""
+    import ray
+
+    service = (
+        ray.remote(ThrottlingService)
+        .options(name=SERVICE, namespace=GATE_NAMESPACE, num_cpus=0)
+        .remote()
+    )
+    try:
+        jobs = cluster.jobs
+        job_id = jobs.start(CallsJob, Request(steps=60))
+        state = jobs.wait(job_id, timeout=120)
+        assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+        assert state.progress.successful_steps == 60
+        window = state.adaptive_window
+        assert window is not None and window.limit == 32
+        assert window.window <= 2 * CAPACITY + 1
+        assert window.throttled == ray.get(service.throttled_calls.remote()) > 0
+    finally:
+        ray.kill(service)
 
 
 def _start_on(controller: str, request: Tenant, job_id: str) -> None:
