@@ -1,4 +1,5 @@
-"""The `jobs` commands: list, show, watch, stop, drain, resume, remove and rehydrate.
+"""The `jobs` commands: list, show, watch, stop, drain, resume, retry-failed, remove and
+rehydrate.
 
 Ids, limits and statuses are checked before the command joins the cluster, so a mistake costs
 no Ray start-up and reaches nothing stored.
@@ -151,6 +152,9 @@ def jobs_show(
         return
     p = job.progress
     console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
+    console.print(f"priority: {job.priority}")
+    if job.adaptive_window is not None:
+        console.print(f"adaptive: {job.adaptive_window.text()}")
     if job.details:
         console.print(job.details)
     for line in quarantine_lines(job):
@@ -164,6 +168,14 @@ def jobs_show(
     if job.waiting_for_worker is not None:
         since = f"{job.waiting_for_worker.since:%Y-%m-%d %H:%M:%S}"
         console.print(f"[yellow]{waiting_text(job)}[/yellow] (since {since})", soft_wrap=True)
+    from ..console.reader import key_wait
+
+    keyed = key_wait(job)
+    if keyed is not None:
+        since = f"{keyed.since:%Y-%m-%d %H:%M:%S}"
+        console.print(f"[yellow]{escape(keyed.text())}[/yellow] (since {since})", soft_wrap=True)
+    elif job.concurrency_key is not None:
+        console.print(escape(f"concurrency key: {job.concurrency_key}"), soft_wrap=True)
     console.print(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"
@@ -252,6 +264,60 @@ jobs_app.command("resume")(
 jobs_app.command("remove")(
     _simple("remove", lambda jobs, job, scope, ns: jobs.remove(job, scope=scope, namespace=ns))
 )
+
+
+@jobs_app.command("retry-failed")
+def jobs_retry_failed(
+    job_id: str,
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+    steps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--steps",
+            help="Only these failed steps (ids; repeat the option or separate with commas).",
+        ),
+    ] = None,
+) -> None:
+    """Run the failed steps of a job that completed with failures (or was stopped) again,
+    under their ids; its successes stay as they are.
+
+    Example: choreography jobs retry-failed 3f2a9c1e5d7b4a60 --steps 9b1c,77de
+    """
+    from ..runtime.arguments import check_step_ids
+
+    named = None
+    if steps is not None:
+        split = [part.strip() for value in steps for part in value.split(",") if part.strip()]
+        named = guard(lambda: check_step_ids(split))
+    jobs = _client(storage, address, scope, namespace, job_id)
+    rerun = guard(lambda: jobs.retry_failed(job_id, steps=named, scope=scope, namespace=namespace))
+    console.print(f"retry-failed: {job_id}: {len(rerun)} failed step(s) run again")
+    for step_id in rerun:
+        console.print(f"  {step_id}")
+
+
+@jobs_app.command("set-priority")
+def jobs_set_priority(
+    job_id: str,
+    priority: Annotated[int, typer.Argument(help="Higher goes first; may be negative.")],
+    storage: StorageOption = None,
+    address: AddressOption = "auto",
+    scope: ScopeOption = DEFAULT_SCOPE,
+    namespace: NamespaceOption = DEFAULT_NAMESPACE,
+) -> None:
+    """Change a job's priority: stored with it, and its queued steps wait by it from now on.
+
+    Example: choreography jobs set-priority 3f2a9c1e5d7b4a60 10
+    """
+    from ..engine.priority import check_priority
+
+    guard(lambda: check_priority(priority))
+    jobs = _client(storage, address, scope, namespace, job_id)
+    guard(lambda: jobs.set_priority(job_id, priority, scope=scope, namespace=namespace))
+    console.print(f"set-priority: {job_id}: {priority}")
 
 
 @jobs_app.command("drain")

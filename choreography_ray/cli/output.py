@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console.reader import status_text, waiting_for_worker
+from ..console.reader import key_wait, status_text, waiting_for_worker
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -58,6 +58,7 @@ def job_json(job: JobState) -> dict[str, Any]:
         "namespace": job.key.namespace,
         "type": job.type,
         "status": job.status.name,
+        "priority": job.priority,
         "created": _time(job.created),
         "updated": _time(_last_change(job)),
         "progress": {
@@ -80,6 +81,11 @@ def job_json(job: JobState) -> dict[str, Any]:
         },
         "details": job.details,
         "waiting_for_worker": _waiting(job),
+        "concurrency_key": job.concurrency_key,
+        "waiting_for_key": _key_wait(job),
+        "adaptive_window": None
+        if job.adaptive_window is None
+        else job.adaptive_window.model_dump(mode="json"),
         "quarantine": _quarantine(job),
     }
 
@@ -93,6 +99,13 @@ def _quarantine(job: JobState) -> dict[str, Any] | None:
         "attempts": quarantine.attempts,
         "since": _time(quarantine.since),
     }
+
+
+def _key_wait(job: JobState) -> dict[str, Any] | None:
+    wait = key_wait(job)
+    return (
+        None if wait is None else {"key": wait.key, "limit": wait.limit, "since": _time(wait.since)}
+    )
 
 
 def _waiting(job: JobState) -> dict[str, Any] | None:
@@ -243,6 +256,7 @@ def job_rows(jobs: Sequence[JobState], *, wide: bool, now: datetime) -> list[lis
                 ids[job.id],
                 status_text(job),
                 f"{done}/{p.total_steps}",
+                str(job.priority),
                 job.type,
                 age(job.created, now),
             ]
@@ -254,6 +268,7 @@ JOB_COLUMNS = (
     Column("id", SHORT_ID),
     Column("status", 22),
     Column("progress", 9, right=True),
+    Column("prio", 4, right=True),
     Column("type", 20, shrinks=True),
     Column("age", 4, right=True),
 )

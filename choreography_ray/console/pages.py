@@ -19,6 +19,7 @@ from .reader import (
     FAILED_STEPS,
     JobFilter,
     Page,
+    key_wait,
     quarantine_text,
     status_text,
     waiting_for_worker,
@@ -140,6 +141,12 @@ def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
             return "a drain is under way"
     if action == "resume" and status != JobStatus.STOPPED and job.quarantine is None:
         return f"only a stopped or quarantined job resumes; this one is {status.name.lower()}"
+    if action == "retry-failed":
+        finished_stop = status == JobStatus.STOPPED and job.stop_finalized
+        if status != JobStatus.COMPLETED_WITH_FAILURES and not finished_stop:
+            return "only a job completed with failures, or stopped, runs its failed steps again"
+        if not job.progress.failed_steps:
+            return "the job has no failed steps"
     if action == "remove" and (status.is_terminal or status == JobStatus.REMOVING):
         return f"the job is {status.name.lower()}: completed jobs are not removed"
     return ""
@@ -149,20 +156,21 @@ def actions_form(job: JobState, *, enabled: bool, can_drain: bool, token: str) -
     if not enabled:
         return (
             '<p class="muted">Read-only: start the console with --allow-actions to stop, '
-            "drain, resume or remove jobs.</p>"
+            "drain, resume, retry or remove jobs.</p>"
         )
     buttons = []
     for action in ACTIONS:
         why = _action_reason(action, job, can_drain)
         target = url(path("jobs", job.id, action), key_params(job.key))
-        question = f"{action.capitalize()} job {job.id}?"
+        label = action.replace("-", " ").capitalize()
+        question = f"{label} job {job.id}?"
         disabled = f' disabled title="{e(why)}"' if why else ""
         buttons.append(
             f'<form class="inline" method="post" action="{e(target)}" '
             f'data-confirm="{e(question)}" onsubmit="return confirm(this.dataset.confirm)">'
             f'<input type="hidden" name="token" value="{e(token)}">'
             f'<button type="submit" name="action" value="{action}"{disabled}>'
-            f"{action.capitalize()}</button></form>"
+            f"{label}</button></form>"
         )
     return '<div class="actions">' + "".join(buttons) + "</div>"
 
@@ -215,6 +223,9 @@ def job_page(
     wait = waiting_for_worker(job)
     if wait is not None:
         state.append(f"waiting for a worker since {when(wait.since)} UTC: {wait.reason}")
+    keyed = key_wait(job)
+    if keyed is not None:
+        state.append(f"{keyed.text()} since {when(keyed.since)} UTC")
     if job.pending_drain:
         state.append("draining: running steps finish, no new step starts")
     if job.status == JobStatus.STOPPED:
@@ -231,6 +242,8 @@ def job_page(
             ("status", f'<span class="status">{e(_status(job))}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
+            ("priority", str(job.priority)),
+            ("adaptive window", e(job.adaptive_window.text()) if job.adaptive_window else "—"),
             ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),

@@ -12,12 +12,13 @@ from typing import Any, Protocol
 
 from ..jobs.state import JobKey
 
-ACTIONS = ("stop", "drain", "resume", "remove")
+ACTIONS = ("stop", "drain", "resume", "retry-failed", "remove")
 """Every action the console offers, in the order its buttons show."""
 
 
 class JobActions(Protocol):
-    """Stop, drain, resume and remove a job; each answers a short line on success."""
+    """Stop, drain, resume, retry the failed steps of and remove a job; each answers a short
+    line on success."""
 
     @property
     def can_drain(self) -> bool:
@@ -69,6 +70,8 @@ class ClusterView(Protocol):
 
 def _message(action: str, answer: Any) -> str:
     name = getattr(answer, "name", None)
+    if isinstance(answer, tuple):  # retry-failed: the steps run again
+        return f"{action}: {len(answer)} step(s)"
     return f"{action}: {name}" if isinstance(name, str) else f"{action}: requested"
 
 
@@ -86,6 +89,7 @@ class ManagerActions:
         calls: dict[str, Callable[[str], Awaitable[object]]] = {
             "stop": manager.stop,
             "resume": manager.resume,
+            "retry-failed": lambda job: _retry_failed(manager, job),
             "remove": manager.remove,
         }
         if self.can_drain:
@@ -110,11 +114,17 @@ class ClientActions:
         calls: dict[str, Callable[[str], Awaitable[object]]] = {
             "stop": lambda job: client.stop(job, **where),
             "resume": lambda job: client.resume(job, **where),
+            "retry-failed": lambda job: client.retry_failed(job, **where),
             "remove": lambda job: client.remove(job, **where),
         }
         if self.can_drain:
             calls["drain"] = lambda job: client.drain(job, **where)
         return _message(action, await _chosen(calls, action)(job_id))
+
+
+async def _retry_failed(manager: Any, job_id: str) -> tuple[str, ...]:
+    result: tuple[str, ...] = await (await manager.activate(job_id)).retry_failed(None)
+    return result
 
 
 def _chosen(

@@ -167,12 +167,19 @@ def waiting_for_worker(job: JobState) -> Any:
     return getattr(job, "waiting_for_worker", None)
 
 
+def key_wait(job: JobState) -> Any:
+    """The job's wait for its concurrency key (`text()`: "waiting: key K at its limit N"),
+    while it runs; else None."""
+    return job.waiting_for_key if job.status == JobStatus.RUNNING else None
+
+
 def status_text(job: JobState) -> str:
     """The status, with "(quarantined)" once recovery gave up on the job, or "(waiting)"
-    while it waits for a worker host."""
+    while it waits for a worker host or for its concurrency key."""
     if job.quarantine is not None:
         return f"{job.status.name} (quarantined)"
-    return job.status.name + (" (waiting)" if waiting_for_worker(job) is not None else "")
+    waiting = waiting_for_worker(job) is not None or key_wait(job) is not None
+    return job.status.name + (" (waiting)" if waiting else "")
 
 
 def quarantine_text(job: JobState) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from ..jobs.errors import StartJobError
 from ..jobs.job import Job, JobInfo, JobStepDispatchContext
 from ..jobs.state import JobState
+from . import priority
 from .context import EngineContext, maybe_await
 from .ledger import StepLedger
 from .record import JobRecord
@@ -75,6 +76,9 @@ class ActivationCore:
         """Held by every operation and every batch of reports: one turn at a time."""
         self.background: set[asyncio.Task[Any]] = set()
         self._on_release = on_release
+        self._told_points: float | None = None
+        """The priority points the job's workers were last told: from then on they always
+        are."""
 
     @property
     def id(self) -> str:
@@ -82,7 +86,37 @@ class ActivationCore:
 
     def _released(self) -> None:
         self.ledger.cancel_retries()
+        key = self.record.state.concurrency_key
+        if key is not None:  # it finished or left this host: a job waiting for its key asks
+            self.ctx.keys.poke(key)
         self._on_release()
+
+    def points(self) -> float | None:
+        """The job's priority points for its workers' queues (`priority.points`); None while
+        it has none to tell: priority 0, `finish_started_jobs` off, and never told others."""
+        state = self.record.state
+        finish = self.ctx.options.finish_started_jobs
+        if not (state.priority or finish or self._told_points is not None):
+            return None
+        progress = state.progress
+        done = progress.successful_steps + progress.failed_steps + progress.unreachable_steps
+        self._told_points = priority.points(state.priority, done, progress.total_steps, finish)
+        return self._told_points
+
+    def tell_progress(self) -> None:
+        """With `finish_started_jobs`, tell the job's worker hosts its points once they grew
+        by a tenth of that option since last told (ten messages in a job's life at most):
+        its queued steps go ahead of jobs less far along."""
+        finish = self.ctx.options.finish_started_jobs
+        told = self._told_points
+        if not finish or told is None:
+            return
+        points = self.points()
+        if points is not None and points - told < finish / 10:
+            self._told_points = told  # not worth a message: the workers keep the old points
+            return
+        if points is not None:  # in the background: the job's turn does not wait for it
+            self.spawn(self.ctx.dispatcher.prioritize(self.ctx.key, self.id, points))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `coro` in the background; `cancel_background` ends it with the activation."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..jobs.options import JobsOptions
@@ -13,6 +13,7 @@ from ..jobs.state import JobKey, JobOwner
 from ..jobs.status import JobStatus
 from ..storage.protocols import JobsStorage
 from .clock import Clock
+from .concurrency import KeyWaiters
 from .ports import StepDispatcher
 
 T = TypeVar("T")
@@ -41,6 +42,8 @@ class EngineContext:
     """The worker hosts that are part of the cluster now (the watchdog's membership; a job
     can override how it is read with `Job.get_active_hosts`). None: every host counts as
     alive, so a step is restarted only once its lease expired."""
+    keys: KeyWaiters = field(default_factory=KeyWaiters)
+    """The partition's jobs waiting here for their concurrency keys."""
 
 
 async def maybe_await(value: T | Awaitable[T]) -> T:

@@ -30,7 +30,7 @@ from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJ
 from ..jobs.job import Job, StepDetails
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
-from . import quarantine
+from . import adaptive, quarantine
 from .activation import ActivationCore, JobStartResult
 from .context import EngineContext
 from .draining import Draining
@@ -40,7 +40,7 @@ from .record import Counters, Released
 from .recount import Recount
 from .resuming import Resuming
 from .stages import Stages
-from .starting import Starting
+from .starting import DEFAULT_START, Starting, StartSettings
 from .stopping import Stopping
 
 
@@ -142,8 +142,9 @@ class JobActivation:
     @property
     def outstanding(self) -> int:
         """Steps of a running job with no outcome yet: what it still asks of worker nodes."""
-        if self._record.released or self._record.state.status != JobStatus.RUNNING:
-            return 0
+        state = self._record.state
+        if self._record.released or state.status != JobStatus.RUNNING or state.waiting_for_key:
+            return 0  # a job waiting for its concurrency key asks nothing of the nodes yet
         return self._core.ledger.outstanding
 
     def peek(self) -> JobState | None:
@@ -186,9 +187,10 @@ class JobActivation:
         request: BaseModel,
         steps: Iterable[StepDetails] | None = None,
         max_active_steps: int | None = None,
+        settings: StartSettings = DEFAULT_START,
     ) -> JobStartResult:
         async with self._core.turn:
-            return await self._starting.start(request, steps, max_active_steps)
+            return await self._starting.start(request, steps, max_active_steps, settings)
 
     async def stop(self) -> None:
         async with self._core.turn:
@@ -222,6 +224,24 @@ class JobActivation:
             answer = await self._resuming.resume(before=take_out)
             await quarantine.completed(self._record)
             return answer
+
+    async def retry_failed(self, step_ids: Sequence[str] | None = None) -> tuple[str, ...]:
+        """Run the job's failed steps again (see `Resuming.rerun`); the ones run again."""
+        async with self._core.turn:
+            chosen = await self._resuming.rerun(step_ids)
+            await quarantine.completed(self._record)
+            return chosen
+
+    async def set_priority(self, priority: int) -> None:
+        """Store the job's new priority and tell its worker hosts (a job not running has no
+        runs queued: its next dispatch carries it)."""
+        async with self._core.turn:
+            record = self._record
+            record.state.priority = priority
+            await record.save()
+            points = self._core.points()
+            if points is not None and record.state.status == JobStatus.RUNNING:
+                await self._core.ctx.dispatcher.prioritize(self._core.ctx.key, self.id, points)
 
     async def hand_over(self, owner: JobOwner) -> bool:
         """Make `owner` (another controller host) the job's owner by compare-and-set, and let
@@ -374,6 +394,8 @@ class JobActivation:
         handle = self._outcomes.handle
         stages = self._stages
         failed = None
+        if stages.adaptive is not None:  # only a job whose steps adapt its window
+            adaptive.observe(self._core, stages.adaptive, batch)
         try:
             for report in batch:
                 retry = await handle(report)
@@ -381,6 +403,7 @@ class JobActivation:
                     stages.retry(report.step_id, report.attempt + 1, retry.at)
             status = record.state.status
             if status == JobStatus.RUNNING:
+                self._core.tell_progress()
                 await stages.advance(dispatch_failures_fail=False)
             elif status in (JobStatus.STOPPED, JobStatus.REMOVING):
                 failed = await self._stopping.finish_if_settled()

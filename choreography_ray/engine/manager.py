@@ -44,6 +44,7 @@ from .context import EngineContext
 from .job import JobActivation, JobStartResult
 from .messages import StepReport
 from .quarantine import RecoveryAttempts, refusal
+from .starting import DEFAULT_START, StartSettings
 
 T = TypeVar("T")
 
@@ -233,8 +234,10 @@ class JobsManager:
         job_id: str | None = None,
         steps: Iterable[StepDetails] | None = None,
         max_active_steps: int | None = None,
+        settings: StartSettings = DEFAULT_START,
     ) -> JobStartResult:
-        """Start a job (its `job_id` again: that job); `steps` stand in for `prepare_steps`."""
+        """Start a job (its `job_id` again: that job); `steps` stand in for `prepare_steps`;
+        `settings`: its priority and concurrency key, else the class's."""
         is_job = isinstance(job_type, type) and issubclass(job_type, Job)
         if not is_job or not hasattr(job_type, "name"):
             raise TypeError(f"{job_type!r} is not a Job class with a request type")
@@ -260,9 +263,9 @@ class JobsManager:
                         else StartJobError.ALREADY_BEEN_PREPARED
                     )
                     return JobStartResult(job_id, refusal)
-                return await activation.start(request, steps, max_active_steps)
+                return await activation.start(request, steps, max_active_steps, settings)
         else:
-            return await existing.start(request, steps, max_active_steps)
+            return await existing.start(request, steps, max_active_steps, settings)
         state = JobState(
             id=job_id,
             key=self.ctx.key,
@@ -274,7 +277,7 @@ class JobsManager:
             self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
         )
         self._activations[job_id] = activation
-        return await activation.start(request, steps, max_active_steps)
+        return await activation.start(request, steps, max_active_steps, settings)
 
     async def get(self, job_id: str) -> JobState:
         """The job as its live activation holds it between operations, else as stored."""
@@ -340,8 +343,7 @@ class JobsManager:
         return await self._read(found, "the jobs")
 
     async def stop(self, job_id: str) -> None:
-        activation = await self.activate(job_id)
-        await activation.stop()
+        await (await self.activate(job_id)).stop()
 
     async def drain(self, job_id: str, within: float | None = None) -> DrainOutcome:
         """Stop the job and wait, up to `within` seconds, for every step to answer."""
@@ -354,12 +356,10 @@ class JobsManager:
         return await activation.drain(within)
 
     async def resume(self, job_id: str) -> ResumeJobSuccess:
-        activation = await self.activate(job_id)
-        return await activation.resume()
+        return await (await self.activate(job_id)).resume()
 
     async def remove(self, job_id: str) -> None:
-        activation = await self.activate(job_id)
-        await activation.remove()
+        await (await self.activate(job_id)).remove()
 
     async def deliver(self, job_id: str, reports: Sequence[StepReport]) -> None:
         """Outcomes from a worker. A job whose activation is gone is activated and recounted.

@@ -36,11 +36,17 @@ class StepDispatcher(Protocol):
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
         step_types: StepTypes | None = None,
+        points: float | None = None,
     ) -> Dispatched:
         """Send `starts` to worker hosts; a step named in `sticky` goes to that host while it
         is alive (it may run the step already), any other to any eligible host: one that
         runs the job's type and, when `step_types` says, the step's own type. A start that
-        no host can take is undelivered, with a `NoEligibleJobWorker` that says why."""
+        no host can take is undelivered, with a `NoEligibleJobWorker` that says why.
+        `points`: the job's priority points for the workers' queues, when it has any."""
+        ...
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        """Tell every worker host the job's new priority points (its priority changed)."""
         ...
 
     async def stop_steps(self, request: StopRequest) -> StopResult: ...

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..jobs.errors import (
     CannotResumeJobError,
+    CannotRetryFailedError,
     ResumeJobFailed,
     ResumeJobSuccess,
+    RetryFailedRefused,
     StartJobError,
     UnreadableStepsError,
 )
-from ..jobs.state import PlannedStep
-from ..jobs.status import JobStatus
+from ..jobs.state import JobStepProgress, PlannedStep, StatusChange
+from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
-from .activation import ActivationCore
+from .activation import PREPARE_BATCH, ActivationCore
 from .outcomes import Outcomes
+from .record import save_all
 from .recount import Recount
 from .stages import Stages
 from .starting import Starting
@@ -137,7 +140,128 @@ class Resuming:
             return await plans.load_plan(self.core.id, state.stored_step_plan_incarnation)
         return None
 
-    async def _resume_running(self, *, from_stop: bool) -> ResumeJobSuccess:
+    async def rerun(self, step_ids: Sequence[str] | None) -> tuple[str, ...]:
+        """Run the job's failed steps again (every one, or those of `step_ids`) under their
+        identities, in a new execution generation, each from its first attempt; successes stay
+        as stored. A stopped job resumes as well: its unfinished steps run too. Returns the
+        failed steps that run again. A refusal (`RetryFailedRefused`) changes nothing.
+
+        The steps to run again are written with the Running that begins it
+        (`JobState.rerun_steps`), before any step record changes: a crash in between leaves a
+        Running job that recovery resumes, resetting those records first (`_reset_reruns`)."""
+        record = self.record
+        state = record.state
+        status = state.status
+        stop_finished = (
+            status == JobStatus.STOPPED and state.stop_finalized and not state.pending_drain
+        )
+        if status != JobStatus.COMPLETED_WITH_FAILURES and not stop_finished:
+            raise RetryFailedRefused(
+                f"the job is {status.name}: only a job completed with failures, or stopped "
+                "with its stop finished, runs its failed steps again",
+                code=CannotRetryFailedError.JOB_IS_NOT_FINISHED,
+            )
+        if not self.core.job_class.can_resume:
+            raise RetryFailedRefused(
+                "the job does not allow resuming",
+                code=CannotRetryFailedError.JOB_CANNOT_BE_RESUMED,
+            )
+        try:
+            steps = await self.core.ctx.storage.steps.get_all_for_job(self.core.id)
+        except UnreadableStepsError as error:
+            raise RetryFailedRefused(
+                f"{error}; fix or remove those records first",
+                code=CannotRetryFailedError.UNREADABLE_STEPS,
+            ) from error
+        failed = [step.id for step in steps if step.status in FAILED_STEP_STATUSES]
+        chosen = failed
+        if step_ids is not None:
+            chosen = list(dict.fromkeys(step_ids))
+            others = [step_id for step_id in chosen if step_id not in set(failed)]
+            if others:
+                shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+                raise RetryFailedRefused(
+                    f"not a failed step of job {self.core.id}: {shown}",
+                    code=CannotRetryFailedError.NOT_A_FAILED_STEP,
+                )
+        if not chosen:
+            raise RetryFailedRefused(
+                f"job {self.core.id} has no failed steps",
+                code=CannotRetryFailedError.NO_FAILED_STEPS,
+            )
+        # Steps a failed stage left unreachable run again too: whether they may is decided
+        # again, once the steps run again have their outcomes.
+        unreachable = [step.id for step in steps if step.status == JobStepStatus.UNREACHABLE]
+        state.rerun_steps = [*chosen, *unreachable]
+        state.execution_generation += 1
+        state.stop_finalized = False
+        state.stopped_steps_counted = []
+        if self.core.ctx.owner is not None:
+            state.owner = self.core.ctx.owner  # a finished job has no owner to ask
+        record.change(JobStatus.RUNNING)
+        try:
+            await record.save()
+        except Exception as error:
+            record.release(f"could not write Running: {error}")
+            raise RetryFailedRefused(
+                f"could not write Running: {error}", code=CannotRetryFailedError.UNKNOWN
+            ) from error
+        await self._resume_running(from_stop=False, rerun=True)
+        return tuple(chosen)
+
+    async def _reset_reruns(self) -> None:
+        """Make the records of `JobState.rerun_steps` steps to run, from their first attempt,
+        in this generation. Only a record still holding an outcome of an earlier generation
+        is reset, so a reset done again after a crash changes nothing more."""
+        state = self.record.state
+        ids = state.rerun_steps
+        if not ids:
+            return
+        try:
+            await self._reset(ids)
+        except Exception as error:
+            # Running and the steps to run again are stored: recovery resets them and runs
+            # the job (the manager brings back an activation let go for a reason).
+            self.record.release(f"could not reset the steps to run again: {error}")
+            raise RetryFailedRefused(
+                f"could not reset the steps to run again ({error}); the job's recovery runs them",
+                code=CannotRetryFailedError.UNKNOWN,
+            ) from error
+        state.rerun_steps = []
+
+    async def _reset(self, ids: list[str]) -> None:
+        storage = self.core.ctx.storage.steps
+        generation = self.record.state.execution_generation
+        now = self.core.ctx.clock.now()
+        for offset in range(0, len(ids), PREPARE_BATCH):
+            records = await storage.get_many(self.core.id, ids[offset : offset + PREPARE_BATCH])
+            reset = [
+                step.model_copy(
+                    update={
+                        "status": JobStepStatus.SCHEDULED,
+                        "status_changes": [
+                            *step.status_changes,
+                            StatusChange(status=int(JobStepStatus.SCHEDULED), occurred=now),
+                        ],
+                        "progress": JobStepProgress(),
+                        "attempt": 1,
+                        "generation": generation,
+                        "lease": None,
+                        "result": None,
+                        "error": None,
+                        "decision": None,
+                    }
+                )
+                for step in records
+                if step.generation < generation
+                and (
+                    step.status in FAILED_STEP_STATUSES or step.status == JobStepStatus.UNREACHABLE
+                )
+            ]
+            await save_all(storage, reset)
+
+    async def _resume_running(self, *, from_stop: bool, rerun: bool = False) -> ResumeJobSuccess:
+        """Recount and run what is unfinished; `rerun`: Running was written by `rerun`."""
         record = self.record
         state = record.state
         previous = (
@@ -152,13 +276,15 @@ class Resuming:
         # drain (refused above), and the pre-resume accounting says every worker reported.
         # Otherwise work may still be live, and going back to Stopped would hide it.
         compensable = from_stop and state.progress.is_stopped
+        await self._reset_reruns()
         await self._all_steps(self.recount.load(strict=True))
         await self.stages.locate()
         if from_stop:
             state.execution_generation += 1
             state.stop_finalized = False
         state.stopped_steps_counted = []
-        record.change(JobStatus.RUNNING)
+        if not rerun:
+            record.change(JobStatus.RUNNING)
         try:
             await record.save()
         except Exception as error:

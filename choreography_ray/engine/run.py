@@ -351,6 +351,7 @@ class StepRun:
                 non_retryable=failure.non_retryable,
                 error_type=error_type_name(type(failure)),
                 retry_after=failure.retry_after,
+                throttled=failure.throttled,
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         except Exception as failure:

@@ -13,6 +13,8 @@ from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
+from .adaptive import AdaptiveWindow, adaptive_window
+from .key_gate import KeyGate
 from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
 from .ports import Dispatched
@@ -29,6 +31,11 @@ class Stages:
         self.ledger = core.ledger
         self.outcomes = outcomes
         self.watchdog = Watchdog(core, self, outcomes)
+        self.key = KeyGate(core, self._move_on)
+        """Admission under the job's concurrency key, before anything is dispatched."""
+        self.adaptive: AdaptiveWindow | None = None
+        """The job's adaptive window, when its steps' class adapts it."""
+        self._adaptive_checked = False
         self.undelivered: set[str] = set()
         """Steps whose start no worker took, to be sent again: while there are any, a job
         that waits for a worker goes on waiting, whatever other steps a worker took."""
@@ -95,6 +102,8 @@ class Stages:
         failed = 0
         if not self.watchdog.started:
             self.watchdog.start()
+        if not await self.key.admit():
+            return failed  # it waits for its key; the gate moves it on once admitted
         while record.state.status == JobStatus.RUNNING and not record.released:
             if not await record.still_owned():
                 return failed  # another host claimed the job: this activation let it go
@@ -124,6 +133,10 @@ class Stages:
                     return failed
             self.open_stage(following)
         return failed
+
+    async def _move_on(self) -> None:
+        await self.advance(dispatch_failures_fail=False)
+        await self.record.save_progress()
 
     def open_stage(self, stage: int) -> None:
         self.ledger.open(stage)
@@ -180,6 +193,11 @@ class Stages:
     async def _dispatch_waiting(self, failures_fail: bool) -> int:
         core = self.core
         ledger = self.ledger
+        if self.adaptive is None and not self._adaptive_checked:
+            self._adaptive_checked = True  # once per activation: its steps' class decides
+            self.adaptive = adaptive_window(core)
+            if self.adaptive is not None:
+                core.window = self.adaptive.window
         room = min(
             ledger.room(core.window), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts
         )
@@ -191,12 +209,17 @@ class Stages:
         limit = asyncio.Semaphore(core.ctx.options.max_concurrent_step_starts)
         job_type = self.record.state.type
         losses = ledger.losses
+        points = core.points()
 
         async def send(batch: list[StepStart]) -> Dispatched | BaseException:
             async with limit:
                 try:
+                    if points is None:  # no priority: the call every dispatcher takes
+                        return await core.ctx.dispatcher.start_steps(
+                            core.ctx.key, core.id, job_type, batch, sticky, ledger.types
+                        )
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types
+                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types, points=points
                     )
                 except Exception as error:
                     return error

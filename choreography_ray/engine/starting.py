@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
+from ..jobs.concurrency import check_key
 from ..jobs.errors import (
     ChoreographyError,
+    InvalidOptionError,
     InvalidRequestError,
     NoEligibleJobWorker,
     StartJobError,
@@ -26,6 +29,17 @@ from .outcomes import Outcomes
 from .planning import InvalidPlan, build_plan, plan_exceeds, plan_size
 from .record import Released
 from .stages import Stages
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """What a start sets beside its request; None takes the job class's."""
+
+    priority: int | None = None
+    concurrency_key: str | None = None
+
+
+DEFAULT_START = StartSettings()
 
 
 class Starting:
@@ -50,10 +64,12 @@ class Starting:
         request: BaseModel,
         steps: Iterable[StepDetails] | None = None,
         max_active_steps: int | None = None,
+        settings: StartSettings = DEFAULT_START,
     ) -> JobStartResult:
         """Start the job with `request`; the caller holds the job's turn. `steps`, when
         given, are the job's steps instead of what `prepare_steps` returns (`jobs.map`'s
-        items); `max_active_steps` is this job's window, stored with it."""
+        items); `max_active_steps` is this job's window, stored with it; `settings` its
+        priority and concurrency key (None: the class's)."""
         record = self.record
         state = record.state
         job_class = self.core.job_class
@@ -67,6 +83,18 @@ class Starting:
                 f"{job_class.request_type.__qualname__} request, got "
                 f"{type(request).__qualname__}"
             )
+        concurrency = job_class.concurrency
+        if settings.concurrency_key is not None and concurrency is None:
+            raise InvalidOptionError(
+                "concurrency_key",
+                f"{job_class.__qualname__} has no concurrency limit to keep "
+                "(set its `concurrency = ConcurrencyKey(...)`)",
+            )
+        state.priority = job_class.priority if settings.priority is None else settings.priority
+        if settings.concurrency_key is not None:
+            state.concurrency_key = check_key(settings.concurrency_key)
+        elif concurrency is not None:
+            state.concurrency_key = concurrency.of(request)
         registry = self.core.ctx.registry
         state.created = self.core.ctx.clock.now()
         state.request = registry.dump_request(request)

@@ -37,15 +37,9 @@ from .messages import (
 )
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
+from .rates import RateGates
 from .run import StepRun, settled_within
-from .run_host import (
-    CallbackRejected,
-    RunKey,
-    StepMetrics,
-    SyncRunner,
-    SyncStepRunner,
-    call_on,
-)
+from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner, call_on
 from .run_queue import RunQueue
 from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, StepWriters, Tracked
@@ -95,7 +89,8 @@ class StepWorker:
         self.peers = peers
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queue = RunQueue()
+        gates = RateGates(lambda: storage_for(JobKey()), registry, clock, self._pump)
+        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging, gates)
         self._performing = 0
         self._runners = 0
         self.writers = StepWriters(
@@ -172,7 +167,12 @@ class StepWorker:
     # -- starting -------------------------------------------------------------------------
 
     async def start_steps(
-        self, job_key: JobKey, job_id: str, job_type: str, starts: Sequence[StepStart]
+        self,
+        job_key: JobKey,
+        job_id: str,
+        job_type: str,
+        starts: Sequence[StepStart],
+        points: float | None = None,
     ) -> list[StartResult]:
         self._loop = asyncio.get_running_loop()
         if self.closed:
@@ -200,11 +200,14 @@ class StepWorker:
         job = (job_key, job_id)
         urgent = [run for run in queued if run.urgent]
         if urgent:
-            self._queue.extend(job, urgent, first=True)
+            self._queue.extend(job, urgent, first=True, points=points)
             queued = [run for run in queued if not run.urgent]
-        self._queue.extend(job, queued)
+        self._queue.extend(job, queued, points=points)
         self._pump()
         return results
+
+    def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        self._queue.prioritize((job_key, job_id), points)  # the job's priority changed
 
     def give_up(self, job_key: JobKey, job_id: str, share: float) -> list[str]:
         """Hand back `share` of the job's queued runs, not started (nothing of them written),

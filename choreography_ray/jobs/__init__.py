@@ -3,6 +3,8 @@
 Nothing here imports Ray or a storage driver: declaring a job touches neither.
 """
 
+from .adaptive import AdaptiveConcurrency
+from .concurrency import ConcurrencyKey
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .functions import JobFunction, StepFunction, job, step
@@ -16,6 +18,7 @@ from .job import (
 )
 from .mapping import MapJob  # noqa: F401 - registered here, so every host runs map jobs
 from .options import JobsOptions, parse_duration
+from .rates import RateLimit
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
 from .results import GATHER_LIMIT, ItemResult
 from .retry import RetryPolicy
@@ -50,6 +53,8 @@ from .step import JobRequest, JobStep, StepCancelled, StepContext, StepFailed, S
 __all__ = [
     *_errors_all,
     # authoring
+    "AdaptiveConcurrency",
+    "ConcurrencyKey",
     "Job",
     "JobFunction",
     "JobInfo",
@@ -71,6 +76,7 @@ __all__ = [
     "ItemResult",
     # options
     "JobsOptions",
+    "RateLimit",
     "RetryPolicy",
     "parse_duration",
     # registry

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "ActivationCallbackRejected",
     "CannotResumeJobError",
+    "CannotRetryFailedError",
     "ChoreographyError",
     "ClusterAuthenticationError",
     "ClusterUnreachableError",
@@ -41,6 +42,7 @@ __all__ = [
     "ResultsTooLargeError",
     "ResumeJobFailed",
     "ResumeJobSuccess",
+    "RetryFailedRefused",
     "ShuttingDownError",
     "StartJobError",
     "StartJobFailed",
@@ -77,6 +79,19 @@ class CannotResumeJobError(IntEnum):
     JOB_CANNOT_BE_RESUMED = 2
     MISSING_STEP_PLAN = 3
     UNREADABLE_STEPS = 4
+
+
+class CannotRetryFailedError(IntEnum):
+    """Why `retry_failed` refused: nothing it refuses changes the job."""
+
+    UNKNOWN = 0
+    JOB_IS_NOT_FINISHED = 1
+    """Neither completed with failures nor stopped with its stop finished."""
+    NO_FAILED_STEPS = 2
+    NOT_A_FAILED_STEP = 3
+    """A step named in `steps` is not a failed step of the job."""
+    UNREADABLE_STEPS = 4
+    JOB_CANNOT_BE_RESUMED = 5
 
 
 class ResumeJobSuccess(IntEnum):
@@ -310,6 +325,10 @@ class StartJobFailed(JobOperationError):
 
 class ResumeJobFailed(JobOperationError):
     code: CannotResumeJobError
+
+
+class RetryFailedRefused(JobOperationError):
+    code: CannotRetryFailedError
 
 
 class StopJobFailed(JobOperationError):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from .concurrency import ConcurrencyKey
 from .errors import TypeRegistryError
 from .registry import TypeKind, TypeRegistry, default_registry
 from .retry import RetryPolicy, check_policy
@@ -148,6 +149,11 @@ class Job(Generic[TRequest]):
     """How the job's steps' failures are retried, unless a step class sets its own; None uses
     the options (`max_step_attempts`, `step_retry_backoff`, `max_step_retry_backoff`)."""
     can_resume: ClassVar[bool] = True
+    priority: ClassVar[int] = 0
+    """The priority of a job started without one (higher goes first; docs/scheduling.md)."""
+    concurrency: ClassVar[ConcurrencyKey | None] = None
+    """At most `max_running` jobs of one key run at once across the cluster; the others wait
+    (docs/scheduling.md)."""
 
     info: JobInfo
     """Set by the engine before any hook runs."""
@@ -167,6 +173,8 @@ class Job(Generic[TRequest]):
         cls.registry.register(cls.request_type, kind=TypeKind.REQUEST)
         cls.registry.register(cls, kind=TypeKind.JOB, name=cls.name)
         check_policy(cls)
+        if cls.concurrency is not None:
+            cls.concurrency.check(cls.request_type, cls.__qualname__)
 
     # -- planning ---------------------------------------------------------------------------
 

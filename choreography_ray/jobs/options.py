@@ -139,6 +139,15 @@ class JobsOptions(BaseModel):
     membership_interval: timedelta = timedelta(seconds=1)
     """How often every controller host reads the cluster's nodes and host actors, to notice a
     node that died or joined and a host actor that was killed."""
+    priority_aging: float = 1.0
+    """Points of priority a job waiting for a worker slot gains per minute of waiting: one of
+    priority 0 behind priority-N work waits at most N / this minutes (docs/scheduling.md)."""
+    finish_started_jobs: float = 0.0
+    """Points of priority a job gains in proportion to the share of its steps done (all of
+    them at 100 %): started jobs finish before new ones take the workers; 0 turns it off."""
+    concurrency_poll_interval: timedelta = timedelta(seconds=1)
+    """How often a job waiting for its concurrency key asks again whether a place is free
+    (at once when a job of its key on the same controller host finishes)."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -185,13 +194,26 @@ class JobsOptions(BaseModel):
             raise ValueError("must be positive: a wait on another host cannot last forever")
         return duration
 
-    @field_validator("membership_interval", mode="before")
+    @field_validator("membership_interval", "concurrency_poll_interval", mode="before")
     @classmethod
     def _cadence(cls, value: Any) -> timedelta:
         duration = parse_duration(value)
         if duration <= timedelta(0):
             raise ValueError("must be positive: the cluster is read this often")
         return duration
+
+    @field_validator("priority_aging", "finish_started_jobs", mode="before")
+    @classmethod
+    def _points(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"expected a number of points, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"expected a number of points, got {value!r}") from None
+        if not 0.0 <= number < float("inf"):
+            raise ValueError("must be a finite number, 0 or more")
+        return number
 
     @field_validator("key_providers", mode="before")
     @classmethod

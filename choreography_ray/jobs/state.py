@@ -196,6 +196,31 @@ class WorkerWait(_Model):
     _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
 
 
+class KeyWait(_Model):
+    """A job waiting for its concurrency key: the key, its limit, since when."""
+
+    key: str
+    limit: int
+    since: datetime
+
+    _utc = field_validator("since")(classmethod(lambda cls, v: utc(v)))
+
+    def text(self) -> str:
+        return f"waiting: key {self.key} at its limit {self.limit}"
+
+
+class WindowState(_Model):
+    """A job's adaptive window of active steps, as it stands (`AdaptiveConcurrency`)."""
+
+    window: int
+    limit: int
+    throttled: int = 0
+    """Outcomes that counted as throttled so far."""
+
+    def text(self) -> str:
+        return f"window {self.window}/{self.limit}, throttled {self.throttled} times"
+
+
 class Quarantine(_Model):
     """A job recovery gave up on: why, after how many attempts in a row, and since when."""
 
@@ -241,6 +266,19 @@ class JobState(_Model):
     quarantine: Quarantine | None = None
     """Set once recovery gave up on the job: no recovery and no report activates it again
     until an explicit resume takes it out."""
+    priority: int = 0
+    """Higher goes first while jobs wait for the same workers; a waiting job's priority rises
+    with its wait (docs/scheduling.md). From `start(priority=...)` or the job class."""
+    concurrency_key: str | None = None
+    """The job's concurrency key (`Job.concurrency`, or the one `start` named)."""
+    waiting_for_key: KeyWait | None = None
+    """Set while the job waits for its key: as many jobs of its key as its limit run."""
+    adaptive_window: WindowState | None = None
+    """The job's adaptive window, when its steps adapt it (`JobStep.adaptive`)."""
+    rerun_steps: list[str] = Field(default_factory=list)
+    """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
+    that begins it and emptied once their records are reset: a recovery in between resets
+    them (see `Resuming.rerun`)."""
     version: int = Field(default=0, exclude=True)
     """Compare-and-set token: 0 for a record never saved, then the stored version. Kept
     beside the record, never in its JSON (excluded in the schema: an `exclude=` argument
@@ -300,6 +338,8 @@ class StepError(_Model):
     retry_after: float | None = None
     """Seconds the step asked to wait before its next attempt (`StepFailed(retry_after=...)`),
     instead of its retry policy's backoff."""
+    throttled: bool = False
+    """The service behind the step asked it to slow down (`StepFailed(throttled=True)`)."""
 
 
 class StepDecision(_Model):

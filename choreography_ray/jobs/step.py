@@ -16,7 +16,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, RootModel
 
+from .adaptive import AdaptiveConcurrency
 from .errors import ChoreographyError, TypeRegistryError
+from .rates import RATE_LIMITED, RateLimit
 from .registry import TypeKind, TypeRegistry, default_registry
 from .retry import RetryPolicy, check_policy, duration_seconds
 
@@ -39,7 +41,8 @@ class StepFailed(ChoreographyError):
     `non_retryable` fails the step at once whatever attempts are left. `retry_after` (a
     `timedelta` or seconds) is how long to wait before the next attempt, if the retry policy
     leaves one: it wins over the policy's backoff for this failure (a rate limit that says
-    when to come back, say).
+    when to come back, say). `throttled` says the service behind the step asked it to slow
+    down: a step class with `adaptive` concurrency halves its job's window.
     """
 
     def __init__(
@@ -48,8 +51,10 @@ class StepFailed(ChoreographyError):
         partial_result: Any = None,
         non_retryable: bool = False,
         retry_after: timedelta | float | None = None,
+        throttled: bool = False,
     ) -> None:
         super().__init__("; ".join(messages) or "step failed")
+        self.throttled = throttled
         self.messages = list(messages) or ["step failed"]
         self.partial_result = partial_result
         self.non_retryable = non_retryable
@@ -172,6 +177,12 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
     retry_policy: ClassVar[RetryPolicy | None] = None
     """How this step's failures are retried; None leaves it to the job class, then the
     options. Wins whole over theirs (see `RetryPolicy`)."""
+    adaptive: ClassVar[AdaptiveConcurrency | None] = None
+    """Adapt the window of this step's jobs to what the service behind it takes (AIMD; see
+    `AdaptiveConcurrency`); None keeps the window fixed."""
+    rate_limit: ClassVar[RateLimit | str | None] = None
+    """At most so many runs of this step type begin per period across the cluster ("100/s",
+    "5000/h", or a `RateLimit`); the others wait their turn (docs/scheduling.md)."""
 
     def __init_subclass__(
         cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
@@ -203,6 +214,9 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
             cls.registry.register(root, kind=TypeKind.RESULT, name=f"{cls.name}:result")
         cls.registry.register(cls, kind=TypeKind.STEP, name=cls.name)
         check_policy(cls)
+        if cls.rate_limit is not None:
+            cls.rate_limit = RateLimit.of(cls.rate_limit)
+            RATE_LIMITED.add(cls.name)
 
     @abstractmethod
     def initialize_state(self, request: TRequest) -> TState:

@@ -1,7 +1,8 @@
 """Rehydration: bringing back the interrupted jobs of one jobs manager.
 
 After a host or the cluster restarts, every job left Running or mid-stop in storage is loaded
-and resumed (or its stop finished), oldest first, at most `max_concurrent_rehydration` at once.
+and resumed (or its stop finished), the highest effective priority first, then the oldest
+(`engine.priority.activation_order`), at most `max_concurrent_rehydration` at once.
 After a storage failure let one job go, the job is brought back alone, with backoff. Every
 recovery is counted on the job first, and a job recovery gave up on (quarantined, see
 `engine.quarantine`) is left alone by all three paths.
@@ -20,6 +21,7 @@ from typing import Any
 
 from ..engine.job import JobActivation
 from ..engine.manager import INTERRUPTED_STATUSES, JobsManager
+from ..engine.priority import activation_order
 from ..jobs.errors import (
     ChoreographyError,
     JobNotFoundError,
@@ -73,7 +75,9 @@ class Rehydration:
             interrupted = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(
                 INTERRUPTED_STATUSES
             )
-            interrupted.sort(key=lambda job: (job.created, job.id))
+            interrupted = activation_order(
+                interrupted, self.ctx.clock.now(), self.ctx.options.priority_aging
+            )
             self._drain = asyncio.get_running_loop().create_task(self._recover_all(interrupted))
             preparing.set_result(self._drain)
             return self._drain
@@ -144,7 +148,7 @@ class Rehydration:
         report = RehydrationReport()
         now = self.ctx.clock.now()
         jobs = await self.ctx.storage.jobs.get_jobs_excluding_finalized_stops(INTERRUPTED_STATUSES)
-        for job in sorted(jobs, key=lambda job: (job.created, job.id)):
+        for job in activation_order(jobs, now, self.ctx.options.priority_aging):
             owner = job.owner
             if self.manager.live(job.id) is not None or (
                 owner is not None and owner.lease_expires is not None and owner.lease_expires > now

@@ -18,7 +18,7 @@ from ..jobs.state import JobKey, check_job_id
 from ..placement.roles import check_workers_per_node
 from ..storage.protocols import JobQuery
 
-__all__ = ["check_connect_arguments", "check_job_id", "check_query", "job_key"]
+__all__ = ["check_connect_arguments", "check_job_id", "check_query", "check_step_ids", "job_key"]
 
 
 def job_key(scope: str, namespace: str) -> JobKey:
@@ -27,6 +27,19 @@ def job_key(scope: str, namespace: str) -> JobKey:
         return JobKey(scope=scope, namespace=namespace)
     except ValidationError as error:
         raise option_error(error, "job key") from None
+
+
+def check_step_ids(step_ids: Sequence[str]) -> list[str]:
+    """Step ids as a list of non-empty strings (a lone string is one id, not its letters)."""
+    if isinstance(step_ids, str):
+        step_ids = [step_ids]
+    ids = list(step_ids)
+    for step_id in ids:
+        if not isinstance(step_id, str) or not step_id.strip():
+            raise InvalidOptionError("steps", f"expected step ids, got {step_id!r}")
+    if not ids:
+        raise InvalidOptionError("steps", "names no step (leave it out for every failed step)")
+    return ids
 
 
 def check_query(query: JobQuery) -> JobQuery:

@@ -11,13 +11,15 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import ray
 from pydantic import BaseModel
 
 from ..engine.job import JobStartResult
+from ..engine.priority import check_priority
+from ..jobs.concurrency import check_key
 from ..jobs.errors import (
     DrainOutcome,
     JobNotFoundError,
@@ -33,7 +35,7 @@ from ..jobs.results import ItemResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
-from .arguments import check_job_id, check_query, job_key
+from .arguments import check_job_id, check_query, check_step_ids, job_key
 from .config import merge, require_config, write_config
 from .constants import NAMESPACE
 from .controller_routing import ControllerRouting
@@ -47,6 +49,8 @@ from .operations import (
     Rehydrate,
     Remove,
     Resume,
+    RetryFailed,
+    SetPriority,
     Start,
     Stop,
     Wait,
@@ -126,19 +130,33 @@ class AsyncJobs(ResultCalls):
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Start a job (a `Job` class or a `@job` function); returns its id once the job is
         durable (and its steps dispatched, unless the job starts them in the background). With
-        `job_id`, starting again returns that job instead of a second one.
+        `job_id`, starting again returns that job instead of a second one. `priority`: higher
+        goes first while jobs wait for workers; `concurrency_key`: the job's key under its
+        class's `concurrency` limit (None: the class's, for both; docs/scheduling.md).
 
         Without `job_id` the client names the job itself, so that asking a replaced controller
         host again cannot start a second job."""
         key = job_key(scope, namespace)
         job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        priority = None if priority is None else check_priority(priority)
+        concurrency_key = None if concurrency_key is None else check_key(concurrency_key)
         job_type = job_class(job_type)
         payload = default_registry.dump_request(request)
         await self._remember(job_type.__module__, key)
-        return await self._start(Start(key, job_type.name, payload, job_id))
+        operation = Start(
+            key,
+            job_type.name,
+            payload,
+            job_id,
+            priority=priority,
+            concurrency_key=concurrency_key,
+        )
+        return await self._start(operation)
 
     async def map(
         self,
@@ -251,6 +269,36 @@ class AsyncJobs(ResultCalls):
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
         return await self._ask(Resume(job_key(scope, namespace), check_job_id(job_id)))
+
+    async def retry_failed(
+        self,
+        job_id: str,
+        *,
+        steps: Sequence[str] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> tuple[str, ...]:
+        """Run the failed steps of a job that completed with failures (or stopped, its stop
+        finished) again, under their identities: every one, or those named in `steps`. Its
+        successes stay as they are, and the failures run again replace theirs in its counts.
+        Returns the ids of the steps run again; `RetryFailedRefused` says why not."""
+        key = job_key(scope, namespace)
+        named = None if steps is None else tuple(check_step_ids(steps))
+        return await self._ask(RetryFailed(key, check_job_id(job_id), named))
+
+    async def set_priority(
+        self,
+        job_id: str,
+        priority: int,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        """Change a job's priority: stored with it, and its steps queued on worker hosts wait
+        by it from now on."""
+        key = job_key(scope, namespace)
+        operation = SetPriority(key, check_job_id(job_id), check_priority(priority))
+        await self._ask(operation)
 
     async def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

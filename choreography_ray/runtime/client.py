@@ -20,7 +20,7 @@ entrypoint and a notebook whose own loop is running.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -69,12 +69,21 @@ class Jobs:
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Start a job (a `Job` class or a `@job` function); returns its id once the job is
         durable (see `AsyncJobs.start`)."""
-        return _run(
-            self.aio.start(job_type, request, job_id=job_id, scope=scope, namespace=namespace)
+        starting = self.aio.start(
+            job_type,
+            request,
+            job_id=job_id,
+            scope=scope,
+            namespace=namespace,
+            priority=priority,
+            concurrency_key=concurrency_key,
         )
+        return _run(starting)
 
     def map(
         self,
@@ -158,6 +167,28 @@ class Jobs:
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
     ) -> ResumeJobSuccess:
         return _run(self.aio.resume(job_id, scope=scope, namespace=namespace))
+
+    def retry_failed(
+        self,
+        job_id: str,
+        *,
+        steps: Sequence[str] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> tuple[str, ...]:
+        """Run a finished job's failed steps again (see `AsyncJobs.retry_failed`)."""
+        return _run(self.aio.retry_failed(job_id, steps=steps, scope=scope, namespace=namespace))
+
+    def set_priority(
+        self,
+        job_id: str,
+        priority: int,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        """Change a job's priority (see `AsyncJobs.set_priority`)."""
+        _run(self.aio.set_priority(job_id, priority, scope=scope, namespace=namespace))
 
     def remove(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE

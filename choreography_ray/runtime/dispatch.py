@@ -72,6 +72,7 @@ class RayDispatcher:
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
         step_types: StepTypes | None = None,
+        points: float | None = None,
     ) -> Dispatched:
         workers = await self._workers()
         adverts: dict[str, HostAdvert] = {}
@@ -98,6 +99,7 @@ class RayDispatcher:
                     urgency=self._moves(name, adverts),
                     positions=self._reads_positions(name, adverts),
                 ),
+                points,
             )
             for name in names
         ]
@@ -180,6 +182,15 @@ class RayDispatcher:
             workers = self.placement.eligible_workers(job_type, workers, adverts)
             for step_type in step_types:
                 self.placement.step_hosts(job_type, step_type, workers, adverts)
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        names = self.routes.reachable
+        calls = [self.routes.worker(name).prioritize(job_key, job_id, points) for name in names]
+        for name, answer in zip(
+            names, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(answer, BaseException):  # its queued runs keep their old priority
+                log.info("worker host %s kept the job's old priority: %s", name, answer)
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
         names = self.routes.reachable  # a draining host's runs are stopped too

@@ -63,12 +63,30 @@ class WorkerHostCalls(HostCalls):
         job_id: str,
         job_type: str,
         starts: list[PackedStart],
+        points: float | None = None,
     ) -> list[StartResult]:
-        results: list[StartResult] = await self.routes.send(
-            self.name,
-            lambda host: host.start_steps.remote(controller, job_key, job_id, job_type, starts),
-        )
+        """`points` go only when the job has priority points, and only to a host that knows
+        them (it has `prioritize`): a host of the previous release takes its starts as it did,
+        in turn with the other jobs."""
+
+        def sending(host: Any) -> Any:
+            if points is None or not hasattr(host, "prioritize"):
+                return host.start_steps.remote(controller, job_key, job_id, job_type, starts)
+            return host.start_steps.remote(controller, job_key, job_id, job_type, starts, points)
+
+        results: list[StartResult] = await self.routes.send(self.name, sending)
         return results
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        """A host of the previous release has no priorities: nothing to tell it."""
+        await self.routes.send(
+            self.name,
+            lambda host: (
+                host.prioritize.remote(job_key, job_id, points)
+                if hasattr(host, "prioritize")
+                else _nothing()
+            ),
+        )
 
     async def load(self) -> tuple[int, int]:
         load: tuple[int, int] = await self.routes.send(self.name, lambda host: host.load.remote())
@@ -136,3 +154,7 @@ class ControllerHostCalls(HostCalls):
     async def outstanding_steps(self) -> int:
         count: int = await self.routes.send(self.name, lambda host: host.outstanding_steps.remote())
         return count
+
+
+async def _nothing() -> None:
+    """The answer of a call a host of the previous release has no method for."""

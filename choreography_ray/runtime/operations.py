@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import PackedReport, unpack_reports
+from ..engine.priority import check_priority
 from ..engine.results import ItemPage
+from ..engine.starting import StartSettings
+from ..jobs.concurrency import check_key
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
 from ..jobs.mapping import MapItems
 from ..jobs.registry import Payload, TypeKind
@@ -82,6 +85,10 @@ class Start(Operation[JobStartResult]):
     job_id: str
     items: MapItems | None = None
     max_active_steps: int | None = None
+    priority: int | None = None
+    """None: the job class's (a host of the previous release starts every job so)."""
+    concurrency_key: str | None = None
+    """None: the job class's key of the request."""
 
     async def run(self, host: Serving) -> JobStartResult:
         successor = host.successor()
@@ -91,12 +98,17 @@ class Start(Operation[JobStartResult]):
         registry = manager.ctx.registry
         job_class = registry.resolve(self.job_type, TypeKind.JOB)
         request = registry.load(self.request, TypeKind.REQUEST)
+        settings = StartSettings(
+            None if self.priority is None else check_priority(self.priority),
+            None if self.concurrency_key is None else check_key(self.concurrency_key),
+        )
         result = await manager.start(
             job_class,
             request,
             job_id=self.job_id,
             steps=None if self.items is None else self.items.details(registry),
             max_active_steps=self.max_active_steps,
+            settings=settings,
         )
         host.metrics.job_started(self.job_type, result.succeeded)
         return result
@@ -182,6 +194,32 @@ class Resume(Operation[ResumeJobSuccess]):
 
     async def run(self, host: Serving) -> ResumeJobSuccess:
         return await host.manager(self.key).resume(self.job_id)
+
+
+@dataclass(frozen=True)
+class RetryFailed(Operation[tuple[str, ...]]):
+    """Run a finished job's failed steps again (all, or `step_ids`); the ones run again."""
+
+    what = "jobs.retry_failed"
+    job_id: str
+    step_ids: tuple[str, ...] | None = None
+
+    async def run(self, host: Serving) -> tuple[str, ...]:
+        activation = await host.manager(self.key).activate(self.job_id)
+        return await activation.retry_failed(self.step_ids)
+
+
+@dataclass(frozen=True)
+class SetPriority(Operation[None]):
+    """Change a job's priority: stored, and its queued steps wait by it from now on."""
+
+    what = "jobs.set_priority"
+    job_id: str
+    priority: int
+
+    async def run(self, host: Serving) -> None:
+        activation = await host.manager(self.key).activate(self.job_id)
+        await activation.set_priority(check_priority(self.priority))
 
 
 @dataclass(frozen=True)

@@ -93,12 +93,15 @@ class WorkerHost(Host):
         job_id: str,
         job_type: str,
         starts: list[PackedStart],
+        points: float | None = None,
     ) -> list[StartResult]:
-        """Accept a batch of starts. Only the results of starts that did not simply start
-        come back: the job takes a start with no result as started."""
+        """Accept a batch of starts (`points`: the job's priority points, when it has any).
+        Only the results of starts that did not simply start come back: the job takes a
+        start with no result as started."""
         await self.ready()
         self.reporter.controllers[(job_key, job_id)] = controller
-        results = await self.worker.start_steps(job_key, job_id, job_type, unpack_starts(starts))
+        unpacked = unpack_starts(starts)
+        results = await self.worker.start_steps(job_key, job_id, job_type, unpacked, points)
         return exceptional(results, decisions=await self.reporter.reads_decisions(controller))
 
     async def load(self) -> tuple[int, int]:
@@ -109,6 +112,11 @@ class WorkerHost(Host):
     async def stop_steps(self, request: StopRequest) -> StopResult:
         await self.ready()
         return await self.worker.stop_steps(request)
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        """The job's priority changed: its runs queued here wait by its new points."""
+        await self.ready()
+        self.worker.prioritize(job_key, job_id, points)
 
     async def held_steps(self, job_key: JobKey, job_id: str) -> list[str]:
         """The steps of the job with a run here: a new activation of the job sends them back."""

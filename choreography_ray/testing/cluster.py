@@ -25,10 +25,13 @@ from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, StopResult
 from ..engine.ports import Dispatched
+from ..engine.priority import check_priority
 from ..engine.results import ResultSource, as_completed, gather, in_item_order, typed
 from ..engine.run_host import SyncStepRunner
+from ..engine.starting import StartSettings
 from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
+from ..jobs.concurrency import check_key
 from ..jobs.errors import JobNotFoundError, NoEligibleJobWorker
 from ..jobs.functions import JobFunction, StepFunction, job_class
 from ..jobs.job import Job
@@ -188,6 +191,7 @@ class InProcessCluster:
         starts: Sequence[StepStart],
         sticky: Mapping[str, str],
         step_types: StepTypes | None = None,
+        points: float | None = None,
     ) -> Dispatched:
         if self.dispatch_fault is not None:
             raise self.dispatch_fault
@@ -206,10 +210,14 @@ class InProcessCluster:
         dispatched = Dispatched()
         for host, part in shares.items():
             dispatched.results.extend(
-                await self.workers[host].start_steps(job_key, job_id, job_type, part)
+                await self.workers[host].start_steps(job_key, job_id, job_type, part, points)
             )
             dispatched.hosts[host] = [start.step_id for start in part]
         return dispatched
+
+    async def prioritize(self, job_key: JobKey, job_id: str, points: float) -> None:
+        for worker in list(self.workers.values()):
+            worker.prioritize(job_key, job_id, points)
 
     async def stop_steps(self, request: StopRequest) -> StopResult:
         merged = StopResult()
@@ -308,13 +316,31 @@ class InProcessCluster:
         *,
         key: JobKey | None = None,
         job_id: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> JobStartResult:
         """Start a job (a `Job` class or a `@job` function), as `Jobs.start` does: a caller's
-        `job_id` is checked first, so an id the client would refuse is refused here too
-        (`InvalidJobIdError`)."""
+        `job_id`, `priority` and `concurrency_key` are checked first, so what the client would
+        refuse is refused here too (`InvalidJobIdError`, `InvalidOptionError`)."""
         if job_id is not None:
             check_job_id(job_id)
-        return await self.manager(key).start(job_class(job_type), request, job_id=job_id)
+        settings = StartSettings(
+            None if priority is None else check_priority(priority),
+            None if concurrency_key is None else check_key(concurrency_key),
+        )
+        return await self.manager(key).start(
+            job_class(job_type), request, job_id=job_id, settings=settings
+        )
+
+    async def retry_failed(
+        self, job_id: str, steps: Sequence[str] | None = None, *, key: JobKey | None = None
+    ) -> tuple[str, ...]:
+        """Run a finished job's failed steps again, as `Jobs.retry_failed` does."""
+        return await (await self.manager(key).activate(job_id)).retry_failed(steps)
+
+    async def set_priority(self, job_id: str, priority: int, *, key: JobKey | None = None) -> None:
+        """Change a job's priority, as `Jobs.set_priority` does."""
+        await (await self.manager(key).activate(job_id)).set_priority(check_priority(priority))
 
     async def map(
         self,

@@ -93,11 +93,15 @@ def test_the_json_schema_of_a_job_is_stable():
         "namespace",
         "type",
         "status",
+        "priority",
         "created",
         "updated",
         "progress",
         "details",
         "waiting_for_worker",
+        "concurrency_key",
+        "waiting_for_key",
+        "adaptive_window",
         "quarantine",
     }
     assert listed["created"] == "2026-05-01T09:00:00Z"

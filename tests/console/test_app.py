@@ -225,9 +225,51 @@ def test_buttons_of_meaningless_actions_are_disabled():
     with ConsoleHarness() as console:
         job_id = start(console, "a")
         _, page = get(console, f"/jobs/{job_id}")
-    buttons = dict(re.findall(r'<button type="submit" name="action" value="(\w+)"([^>]*)>', page))
-    assert set(buttons) == {"stop", "drain", "resume", "remove"}
+    buttons = dict(
+        re.findall(r'<button type="submit" name="action" value="([\w-]+)"([^>]*)>', page)
+    )
+    assert set(buttons) == {"stop", "drain", "resume", "retry-failed", "remove"}
     assert all("disabled" in attributes for attributes in buttons.values())  # completed
+
+
+def test_retry_failed_runs_a_finished_jobs_failed_steps_again(console):
+    fixtures.SCRIPT.behaviour["bad"].fail = True
+    fixtures.SCRIPT.retry = False
+    job_id = start(console, "good", "bad")
+    _, page = get(console, f"/jobs/{job_id}")
+    button = re.search(r'<button type="submit" name="action" value="retry-failed"([^>]*)>', page)
+    assert button is not None and "disabled" not in button.group(1)
+    fixtures.SCRIPT.behaviour["bad"].fail = False
+    status, location = post(console, f"/jobs/{job_id}/retry-failed", {"token": token_of(page)})
+    assert status == 303 and "done=retry-failed" in location
+    console.run(console.cluster.settle())
+    state = console.run(console.cluster.manager().get(job_id))
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert (state.progress.successful_steps, state.progress.failed_steps) == (2, 0)
+    _, page = get(console, f"/jobs/{job_id}")  # nothing failed now: the button is off
+    button = re.search(r'<button type="submit" name="action" value="retry-failed"([^>]*)>', page)
+    assert button is not None and "disabled" in button.group(1)
+
+
+def test_the_job_page_and_the_listing_show_a_job_waiting_for_its_key(console):
+    fixtures.SCRIPT.behaviour["t1"].block = True
+    fixtures.SCRIPT.behaviour["t2"].block = True
+    for key in ("t1", "t2"):
+        console.run(console.cluster.start(fixtures.TenantJob, fixtures.tenant("acme", key)))
+    waiting = console.run(console.cluster.start(fixtures.TenantJob, fixtures.tenant("acme", "t3")))
+    console.run(console.cluster.settle())
+    _, page = get(console, f"/jobs/{waiting.job_id}")
+    assert "waiting: key acme at its limit 2 since" in page
+    _, listing = get(console, "/jobs")
+    assert "RUNNING (waiting)" in listing
+    fixtures.SCRIPT.release("t1", "t2")
+
+
+def test_the_job_page_shows_the_jobs_priority(console):
+    result = console.run(console.cluster.start(ScenarioJob, request("a"), priority=7))
+    console.run(console.cluster.settle())
+    _, page = get(console, f"/jobs/{result.job_id}")
+    assert re.search(r"<t[hd]>priority</t[hd]>\s*<td>7</td>", page)
 
 
 def test_a_read_only_console_offers_and_accepts_no_action():

@@ -130,3 +130,30 @@ def test_resume_is_offered_for_a_quarantined_job_whatever_its_status():
     assert 'value="resume">' in form and 'value="stop">' in form
     form = pages.actions_form(job(), enabled=True, can_drain=True, token="t")
     assert 'value="resume" disabled' in form
+
+
+def test_a_jobs_adaptive_window_is_shown_live():
+    from choreography_ray.cli.output import job_json
+    from choreography_ray.jobs.state import WindowState
+
+    adapting = job(adaptive_window=WindowState(window=37, limit=256, throttled=12))
+    assert "window 37/256, throttled 12 times" in render(adapting)
+    assert job_json(adapting)["adaptive_window"] == {"window": 37, "limit": 256, "throttled": 12}
+    assert job_json(job())["adaptive_window"] is None
+
+
+def test_a_job_waiting_for_its_concurrency_key_says_so():
+    from choreography_ray.cli.output import job_json
+    from choreography_ray.console.reader import status_text
+    from choreography_ray.jobs.state import KeyWait
+
+    waiting = job(concurrency_key="acme", waiting_for_key=KeyWait(key="acme", limit=2, since=NOW))
+    assert "waiting: key acme at its limit 2 since 2026-05-01 12:00:00 UTC" in render(waiting)
+    assert status_text(waiting) == "RUNNING (waiting)"
+    assert job_json(waiting)["waiting_for_key"] == {
+        "key": "acme",
+        "limit": 2,
+        "since": "2026-05-01T12:00:00Z",
+    }
+    stopped = waiting.model_copy(update={"status": JobStatus.STOPPED})
+    assert status_text(stopped) == "STOPPED" and "waiting: key" not in render(stopped)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from choreography_ray.jobs.concurrency import ConcurrencyKey
 from choreography_ray.jobs.job import Job, JobStageFailureBehavior, JobStepDispatchContext
 from choreography_ray.jobs.step import JobStep, StepContext, StepFailed
 from choreography_ray.storage.protocols import JobsStorage
@@ -199,6 +200,23 @@ class RetryingJob(ScenarioJob, name="scenario.retrying-job"):
 
 class WindowJob(ScenarioJob, name="scenario.window-job"):
     max_active_steps = 2
+
+
+class TenantRequest(BaseModel):
+    tenant: str
+    keys: list[str] = Field(default_factory=list)
+
+
+class TenantJob(_Recording, Job[TenantRequest], name="scenario.tenant-job"):
+    keep_after_completed = True
+    concurrency = ConcurrencyKey("tenant", max_running=2)
+
+    def prepare_steps(self, request: TenantRequest) -> list[Any]:
+        return [self.create_step(KeyStep, KeyRequest(key=key), name=key) for key in request.keys]
+
+
+def tenant(name: str, *keys: str) -> TenantRequest:
+    return TenantRequest(tenant=name, keys=list(keys))
 
 
 def request(*keys: str, stages: dict[str, int] | None = None) -> ScenarioRequest:

@@ -765,8 +765,8 @@ class _HeldDispatch:
         self.taken = asyncio.Event()
         real = cluster.start_steps
 
-        async def start_steps(*args):
-            answer = await real(*args)
+        async def start_steps(*args, **kwargs):
+            answer = await real(*args, **kwargs)
             self.taken.set()
             await self.release.wait()
             return answer

@@ -12,6 +12,7 @@ from choreography_ray.jobs import errors
 from choreography_ray.jobs.errors import (
     ActivationCallbackRejected,
     CannotResumeJobError,
+    CannotRetryFailedError,
     ChoreographyError,
     ConfigurationError,
     InvalidOptionError,
@@ -26,6 +27,7 @@ from choreography_ray.jobs.errors import (
     RemoveJobFailed,
     ResumeJobFailed,
     ResumeJobSuccess,
+    RetryFailedRefused,
     StartJobError,
     StartJobFailed,
     StartJobStepError,
@@ -59,6 +61,14 @@ REFERENCE_CODES: dict[type[IntEnum], dict[str, int]] = {
         "JOB_CANNOT_BE_RESUMED": 2,
         "MISSING_STEP_PLAN": 3,  # ours
         "UNREADABLE_STEPS": 4,  # ours
+    },
+    CannotRetryFailedError: {  # ours
+        "UNKNOWN": 0,
+        "JOB_IS_NOT_FINISHED": 1,
+        "NO_FAILED_STEPS": 2,
+        "NOT_A_FAILED_STEP": 3,
+        "UNREADABLE_STEPS": 4,
+        "JOB_CANNOT_BE_RESUMED": 5,
     },
     ResumeJobSuccess: {"SUCCESS": 0, "JOB_IS_COMPLETED": 1, "JOB_ALREADY_RUNNING": 2},
     StopJobError: {
@@ -216,6 +226,11 @@ PICKLED = [
         ResumeJobFailed("no plan", code=CannotResumeJobError.MISSING_STEP_PLAN),
         {},
         id="ResumeJobFailed",
+    ),
+    pytest.param(
+        RetryFailedRefused("none", code=CannotRetryFailedError.NO_FAILED_STEPS),
+        {},
+        id="RetryFailedRefused",
     ),
     pytest.param(
         StopJobFailed("not saved", code=StopJobError.COULD_NOT_PERSIST_STOP), {}, id="StopJobFailed"

@@ -57,6 +57,9 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "job_ownership_lease": ("timeout", timedelta(seconds=60)),
     "reconciliation_interval": ("duration", timedelta(seconds=60)),
     "membership_interval": ("timeout", timedelta(seconds=1)),
+    "concurrency_poll_interval": ("timeout", timedelta(seconds=1)),
+    "priority_aging": ("points", 1.0),
+    "finish_started_jobs": ("points", 0.0),
     "key_providers": ("names", ()),
     "role_label": ("label", "choreography.io/role"),
     "parallelism_label": ("label", "choreography.io/max-parallel-steps"),
@@ -75,6 +78,7 @@ VALID_TEXT = {
     "names": ("myapp.recovery:job_keys, other:keys", ("myapp.recovery:job_keys", "other:keys")),
     "label": ("example.com/tier", "example.com/tier"),
     "director": ("myapp.placement:Spot", "myapp.placement:Spot"),
+    "points": ("2.5", 2.5),
 }
 VALID_TOML = {
     "duration": ('"90s"', timedelta(seconds=90)),
@@ -86,6 +90,7 @@ VALID_TOML = {
     "names": ('["myapp.recovery:job_keys"]', ("myapp.recovery:job_keys",)),
     "label": ('"tier"', "tier"),
     "director": ('"myapp.placement:Spot"', "myapp.placement:Spot"),
+    "points": ("2.5", 2.5),
 }
 
 # Bad values of each kind: in code, as environment text and as TOML.
@@ -99,6 +104,7 @@ BAD_IN_CODE = {
     "names": ["job_keys", "a b:c", "m:", [1], True, 3],
     "label": ["", "a b", "Bad_Prefix/x", "x/", "-x", [1], True, None],
     "director": ["Spot", "a b:c", "m:", ["m:f"], True, 3],
+    "points": [-1, "many", [1], True, float("inf"), float("nan"), None],
 }
 BAD_IN_ENV = {
     "duration": ["-5s", "soon", "10 weeks", "99999999999d"],
@@ -110,6 +116,7 @@ BAD_IN_ENV = {
     "names": ["job_keys", "m:f, oops", "a/b:c"],
     "label": ["a b", "x/", "role="],
     "director": ["Spot", "m:f, other:g"],
+    "points": ["-1", "many", "inf", "nan"],
 }
 BAD_IN_TOML = {
     "duration": ["-1", '"-5s"', '"soon"', "[10]", "true", "inf"],
@@ -121,6 +128,7 @@ BAD_IN_TOML = {
     "names": ['"job_keys"', "[1]", "true"],
     "label": ['"a b"', "[1]", "true"],
     "director": ['"Spot"', '["m:f"]', "true"],
+    "points": ["-1", '"many"', "true", "inf"],
 }
 
 

@@ -14,12 +14,15 @@ class FanOut(BaseModel):
     fail: list[int] = Field(default_factory=list)
     block: bool = False
     stages: int = 1
+    flaky: list[int] = Field(default_factory=list)
+    """Steps that fail while the gate is closed."""
 
 
 class Item(BaseModel):
     n: int
     fail: bool = False
     block: bool = False
+    flaky: bool = False
 
 
 class Echo(JobStep[Item, Item, int], name="ray-tests.echo"):
@@ -34,6 +37,11 @@ class Echo(JobStep[Item, Item, int], name="ray-tests.echo"):
             await ray.get_actor(GATE, namespace=GATE_NAMESPACE).wait.remote()
         if state.fail:
             raise StepFailed(f"item {state.n} failed")
+        if state.flaky:
+            import ray
+
+            if not await ray.get_actor(GATE, namespace=GATE_NAMESPACE).is_open.remote():
+                raise StepFailed(f"item {state.n} failed: the gate is closed")
         return state.n
 
 
@@ -58,7 +66,7 @@ class FanOutJob(Job[FanOut], name="ray-tests.fan-out"):
         return [
             self.create_step(
                 Echo,
-                Item(n=n, fail=n in request.fail, block=request.block),
+                Item(n=n, fail=n in request.fail, block=request.block, flaky=n in request.flaky),
                 stage=n % request.stages,
             )
             for n in range(request.steps)
@@ -90,6 +98,9 @@ class Gate:
 
     async def open(self) -> None:
         self.opened.set()
+
+    async def is_open(self) -> bool:
+        return self.opened.is_set()
 
 
 def gate() -> object:

@@ -132,6 +132,55 @@ def test_jobs_stop_resume_and_remove(jobs):
         ray.kill(handle)
 
 
+def test_jobs_retry_failed_runs_the_failed_steps_again_with_exact_counts(jobs):
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=3, flaky=[1, 2]))
+        first = jobs.wait(job_id, timeout=60)
+        assert first.status == JobStatus.COMPLETED_WITH_FAILURES
+        assert (first.progress.successful_steps, first.progress.failed_steps) == (1, 2)
+        ray.get(handle.open.remote())
+        rerun = invoke("jobs", "retry-failed", job_id)
+        assert rerun.exit_code == 0, rerun.output
+        assert "2 failed step(s) run again" in rerun.output
+        after = jobs.wait(job_id, timeout=60)
+        assert after.status == JobStatus.COMPLETED_SUCCESSFULLY
+        assert after.progress.total_steps == 3
+        assert (after.progress.successful_steps, after.progress.failed_steps) == (3, 0)
+        assert after.execution_generation == first.execution_generation + 1
+        again = runner.invoke(app, ["jobs", "retry-failed", job_id])
+        assert again.exit_code == 1 and "only a job completed with failures" in again.output
+        named = runner.invoke(app, ["jobs", "retry-failed", job_id, "--steps", " , "])
+        assert named.exit_code != 0 and "steps" in named.output
+    finally:
+        ray.kill(handle)
+
+
+def test_a_jobs_priority_is_stored_shown_and_changed_while_it_runs(jobs):
+    import json
+
+    import ray
+
+    handle = gate()
+    try:
+        job_id = jobs.start(FanOutJob, FanOut(steps=2, block=True), priority=4)
+        shown = invoke("jobs", "show", job_id)
+        assert shown.exit_code == 0 and "priority: 4" in shown.output, shown.output
+        changed = invoke("jobs", "set-priority", job_id, "9")
+        assert changed.exit_code == 0, changed.output
+        assert jobs.get(job_id).priority == 9
+        listed = json.loads(invoke("jobs", "list", "--output", "json").output)
+        assert {job["id"]: job["priority"] for job in listed}[job_id] == 9
+        wrong = runner.invoke(app, ["jobs", "set-priority", job_id, "10000000"])
+        assert wrong.exit_code != 0 and "priority" in wrong.output
+        ray.get(handle.open.remote())
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
+    finally:
+        ray.kill(handle)
+
+
 def test_jobs_drain_stops_a_job_and_names_the_steps_that_drained(jobs):
     import ray
 

@@ -40,7 +40,7 @@ def test_every_message_of_each_role_is_listed():
     names = {(calls.__name__, name) for calls, _, name in MESSAGES}
     assert ("WorkerHostCalls", "stop_steps") in names and ("HostCalls", "ping") not in names
     assert ("WorkerHostCalls", "ping") in names and ("ControllerHostCalls", "ping") in names
-    assert len(names) == 14  # 9 messages to worker hosts, 3 to controller hosts, ping to both
+    assert len(names) == 15  # 10 messages to worker hosts, 3 to controller hosts, ping to both
 
 
 @pytest.mark.parametrize(("calls", "actor", "name"), MESSAGES)

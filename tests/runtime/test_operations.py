@@ -28,6 +28,8 @@ from choreography_ray.runtime.operations import (
     Rehydrate,
     Remove,
     Resume,
+    RetryFailed,
+    SetPriority,
     Start,
     Stop,
     Wait,
@@ -55,7 +57,11 @@ PREVIOUS_RELEASE_OPERATIONS: list[Operation[Any]] = [
     Deliver(KEY, "j", [REPORT]),
 ]
 """Every request the previous release has a call for."""
-NEW_OPERATIONS: list[Operation[Any]] = [ReadResults(KEY, "j", StepQuery(stage=1, take=5))]
+NEW_OPERATIONS: list[Operation[Any]] = [
+    ReadResults(KEY, "j", StepQuery(stage=1, take=5)),
+    RetryFailed(KEY, "j", ("s1", "s2")),
+    SetPriority(KEY, "j", 7),
+]
 """Requests new in this release: a host of the previous release is never sent them."""
 EVERY_OPERATION = [*PREVIOUS_RELEASE_OPERATIONS, *NEW_OPERATIONS]
 
@@ -227,6 +233,12 @@ def test_the_previous_releases_call_round_trips_to_the_same_request(operation):
     assert host.performed == [operation]
 
 
+@pytest.mark.parametrize("operation", NEW_OPERATIONS, ids=lambda op: type(op).__name__)
+def test_a_new_request_is_refused_by_a_host_of_the_previous_release(operation):
+    with pytest.raises(InvalidOperationError, match="is new in this release"):
+        send(Recorder(PREVIOUS_METHODS), operation)
+
+
 def test_a_request_the_previous_release_lacks_is_refused_by_name():
     @dataclasses.dataclass(frozen=True)
     class Newer(Operation[None]):
@@ -274,10 +286,18 @@ def test_a_start_answers_the_managers_result_typed():
         ctx = type("Ctx", (), {"registry": Registry()})()
 
         async def start(
-            self, job_class: Any, request: Any, *, job_id: str, steps: Any, max_active_steps: Any
+            self,
+            job_class: Any,
+            request: Any,
+            *,
+            job_id: str,
+            steps: Any,
+            max_active_steps: Any,
+            settings: Any,
         ) -> JobStartResult:
             assert (job_class, request) == ("class a-job", "typed request")
             assert (steps, max_active_steps) == (None, None)  # a job that plans its own steps
+            assert (settings.priority, settings.concurrency_key) == (None, None)
             return JobStartResult(job_id=job_id)
 
     class Host:

@@ -1,0 +1,175 @@
+"""Adaptive concurrency (AIMD), in process: a fake service that throttles above N calls at once;
+the job's window halves on throttled outcomes and grows by one per window of successes, and
+settles about N. A job whose steps do not adapt keeps its window and pays nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from choreography_ray.engine.adaptive import AdaptiveWindow
+from choreography_ray.engine.messages import StepReport
+from choreography_ray.jobs import (
+    Job,
+    JobsOptions,
+    JobStatus,
+    JobStep,
+    RetryPolicy,
+    StepContext,
+    StepFailed,
+    TypeRegistryError,
+)
+from choreography_ray.jobs.adaptive import AdaptiveConcurrency
+from choreography_ray.jobs.state import StepError
+from choreography_ray.jobs.status import JobStepStatus
+from choreography_ray.testing import InProcessCluster
+
+CAPACITY = 8
+"""Calls the fake service takes at once; one more is throttled."""
+
+
+class Service:
+    in_flight = 0
+    calls = 0
+    throttled = 0
+
+
+class Call(BaseModel):
+    n: int
+
+
+class CallService(JobStep[Call, Call, int], name="scenario.adaptive-call"):
+    adaptive = AdaptiveConcurrency(limit=32, floor=1)
+    retry_policy = RetryPolicy(
+        initial_interval=timedelta(milliseconds=10), backoff_coefficient=1.0, maximum_attempts=100
+    )
+    throttle: ClassVar[bool] = True
+
+    def initialize_state(self, request: Call) -> Call:
+        return request
+
+    async def perform(self, state: Call, ctx: StepContext) -> int:
+        Service.calls += 1
+        Service.in_flight += 1
+        try:
+            if Service.in_flight > CAPACITY:
+                Service.throttled += 1
+                raise StepFailed("slow down", throttled=True)
+            for _ in range(5):  # the call takes a while: others begin meanwhile
+                await asyncio.sleep(0)
+            return state.n
+        finally:
+            Service.in_flight -= 1
+
+
+class Calls(BaseModel):
+    count: int
+
+
+class CallsJob(Job[Calls], name="scenario.adaptive-calls"):
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Calls) -> list[Any]:
+        return [self.create_step(CallService, Call(n=n)) for n in range(request.count)]
+
+
+@pytest.fixture
+def service() -> Any:
+    Service.in_flight = Service.calls = Service.throttled = 0
+    yield Service
+
+
+def _run_calls(run: Any, count: int) -> Any:
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=64), max_parallel_steps=64)
+
+    async def scenario():
+        async with cluster:
+            result = await cluster.start(CallsJob, Calls(count=count))
+            for _ in range(200):
+                state = await cluster.manager().get(result.job_id)
+                if state.is_finished:
+                    return state
+                await cluster.advance(0.05)
+            raise AssertionError("the job did not finish")
+
+    return run(scenario())
+
+
+def test_the_window_settles_about_what_the_service_takes(run, service):
+    state = _run_calls(run, 400)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 400
+    window = state.adaptive_window
+    assert window is not None and window.limit == 32
+    assert CAPACITY // 2 <= window.window <= CAPACITY + 2  # the AIMD sawtooth about 8
+    assert window.throttled == service.throttled > 0
+    # Throttling is a small share of the calls once the window found its level.
+    assert service.throttled < 0.25 * service.calls
+    assert window.text().startswith(f"window {window.window}/32, throttled ")
+
+
+def _report(status: JobStepStatus, throttled: bool = False) -> StepReport:
+    error = StepError(messages=["x"], throttled=throttled) if throttled else None
+    return StepReport(step_id="s", status=status, generation=1, attempt=1, stage=0, error=error)
+
+
+T0 = datetime(2026, 1, 1)
+
+
+def test_a_throttled_outcome_halves_once_per_window_and_successes_grow_it_by_one():
+    window = AdaptiveWindow(AdaptiveConcurrency(limit=16, floor=3), None)
+    throttled = _report(JobStepStatus.COMPLETED_WITH_FAILURE, throttled=True)
+    window.observe(throttled, T0, T0 + timedelta(seconds=1))
+    assert window.window == 8
+    window.observe(throttled, T0, T0 + timedelta(seconds=1))  # sent before the halving
+    assert window.window == 8 and window.throttled == 2
+    for _ in range(8):
+        window.observe(_report(JobStepStatus.COMPLETED_SUCCESSFULLY), T0, T0)
+    assert window.window == 9
+    later = T0 + timedelta(seconds=2)
+    for _ in range(5):  # each sent after the halving before it: halves, down to the floor
+        window.observe(throttled, later, later)
+        later += timedelta(seconds=1)
+    assert window.window == 3
+    for _ in range(1000):
+        window.observe(_report(JobStepStatus.COMPLETED_SUCCESSFULLY), T0, T0)
+    assert window.window == 16  # never above the limit
+
+
+def test_a_named_error_type_or_a_slow_outcome_counts_as_throttled():
+    policy = AdaptiveConcurrency(limit=8, latency=2.0, throttle_errors=(TimeoutError,))
+    window = AdaptiveWindow(policy, None)
+    timeout = StepReport(
+        step_id="s",
+        status=JobStepStatus.COMPLETED_WITH_FAILURE,
+        generation=1,
+        attempt=1,
+        stage=0,
+        error=StepError(messages=["t"], error_type="TimeoutError"),
+    )
+    window.observe(timeout, T0, T0)
+    assert window.window == 4
+    slow = T0 + timedelta(seconds=10)
+    window.observe(_report(JobStepStatus.COMPLETED_SUCCESSFULLY), slow, slow + timedelta(seconds=3))
+    assert window.window == 2 and window.throttled == 2
+    other = _report(JobStepStatus.COMPLETED_WITH_FAILURE)  # a failure that is not throttling
+    window.observe(other, slow, slow)
+    assert window.window == 2 and window.throttled == 2
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 4, "floor": 5}, "above its limit"),
+        ({"limit": 4, "latency": -1}, "latency"),
+        ({"limit": True}, "limit"),
+    ],
+)
+def test_a_wrong_policy_is_refused(arguments, message):
+    with pytest.raises(TypeRegistryError, match=message):
+        AdaptiveConcurrency(**arguments)
