@@ -107,13 +107,13 @@ async def measure(name: str, workdir: Path) -> dict[str, float]:
             step.version = await store.steps.save(step)
         single = SINGLE / (time.perf_counter() - start)
         if name == "postgres":
-            await _drop_schema(provider)
+            await drop_schema(provider)
         return {"insert": insert, "batched": batched, "single": single}
     finally:
         await provider.close()
 
 
-async def _drop_schema(provider) -> None:
+async def drop_schema(provider) -> None:
     schema = provider.url.query.get("schema")
     engine = getattr(provider, "engine", None)
     if schema and engine is not None:

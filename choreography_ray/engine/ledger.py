@@ -229,7 +229,15 @@ class StepLedger:
         for step, version in zip(records, versions, strict=True):
             state = step.state
             assert state is not None
-            fresh[step.id] = (step.type, step.name, step.stage, state.type, state.data, version)
+            fresh[step.id] = (
+                step.type,
+                step.name,
+                step.stage,
+                state.type,
+                state.data,
+                version,
+                step.position,
+            )
 
     def queue(self, steps: Iterable[tuple[str, int]], *, urgent: bool = False) -> int:
         """Queue steps (id, attempt) ahead of the others, in order; counted steps are

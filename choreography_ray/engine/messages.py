@@ -16,9 +16,10 @@ from ..jobs.errors import StartJobStepError
 from ..jobs.state import JobKey, StepDecision, StepError
 from ..jobs.status import JobStepStatus
 
-Prepared = tuple[str, str, int, str, Any, int]
+Prepared = tuple[Any, ...]
 """A step's record as its job just prepared and stored it: (step type, name, stage, state
-type, state data, stored version)."""
+type, state data, stored version, plan position); a job host of the previous release sends
+the first six, and a worker host of that release is sent them (`pack_starts`)."""
 
 
 class StepStart(NamedTuple):
@@ -120,9 +121,17 @@ non-retryable: a host of that release gets that flag there, never a decision
 (`previous_flag`), and a flag read there is no decision (the error says the same)."""
 
 
-def pack_starts(starts: Sequence[StepStart], *, urgency: bool = True) -> list[PackedStart]:
+def pack_starts(
+    starts: Sequence[StepStart], *, urgency: bool = True, positions: bool = True
+) -> list[PackedStart]:
     """Plain tuples; without `urgency` (a host of an older release) the fifth field is left
-    out, as that release reads four."""
+    out, as that release reads four; without `positions` a carried record is cut to the six
+    fields the previous release reads."""
+    if not positions:
+        starts = [
+            start if start.prepared is None else start._replace(prepared=start.prepared[:6])
+            for start in starts
+        ]
     if urgency:
         return [tuple(start) for start in starts]
     return [tuple(start)[:4] for start in starts]

@@ -270,6 +270,7 @@ class Starting:
                     name=planned.name,
                     stage=planned.stage,
                     state=state_payload,
+                    position=index,
                 )
             )
             if len(batch) >= PREPARE_BATCH:

@@ -51,6 +51,15 @@ def utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(value: datetime) -> int:
+    """Microseconds since the epoch: how every provider stores and compares times."""
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
@@ -300,6 +309,9 @@ class JobStepState(_Model):
     type: str
     name: str = ""
     stage: int = 0
+    position: int = 0
+    """The step's place in its job's plan, set when it is prepared: listings order a stage's
+    steps by it (0 in records of earlier releases, which then list by id)."""
     status: JobStepStatus = JobStepStatus.UNKNOWN
     status_changes: list[StatusChange] = Field(default_factory=list)
     progress: JobStepProgress = Field(default_factory=JobStepProgress)
@@ -316,9 +328,22 @@ class JobStepState(_Model):
     records of earlier releases (decided then as they were)."""
     version: int = 0
 
+    @property
+    def last_change(self) -> datetime | None:
+        """When its status last changed; None for a step prepared and never run."""
+        return self.status_changes[-1].occurred if self.status_changes else None
+
     @classmethod
     def prepared(
-        cls, *, id: str, job_id: str, type: str, name: str, stage: int, state: Payload
+        cls,
+        *,
+        id: str,
+        job_id: str,
+        type: str,
+        name: str,
+        stage: int,
+        state: Payload,
+        position: int = 0,
     ) -> JobStepState:
         """A newly prepared record, every other field at its default. Built without
         validation (the values come checked from the plan): jobs prepare thousands at once."""
@@ -329,6 +354,7 @@ class JobStepState(_Model):
             type=type,
             name=name,
             stage=stage,
+            position=position,
             status=JobStepStatus.UNKNOWN,
             status_changes=[],
             progress=trusted(JobStepProgress, percentage=0.0, message=""),

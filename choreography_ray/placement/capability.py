@@ -24,7 +24,11 @@ STEP_DECISIONS = "step-decisions"
 """A controller host that reads a step's stored decision in a report, where the previous
 release reads a `non_retryable` flag (`reads_decisions`)."""
 
-CAPABILITIES: tuple[str, ...] = (PLAN_STORAGE, WORK_MOVES, STEP_DECISIONS)
+STEP_POSITIONS = "step-positions"
+"""A worker host that reads a step's plan position in the record a first start carries, where
+the previous release reads six fields there (`reads_positions`)."""
+
+CAPABILITIES: tuple[str, ...] = (PLAN_STORAGE, WORK_MOVES, STEP_DECISIONS, STEP_POSITIONS)
 """What this release of a host can do that an older one cannot, for clusters that run two
 releases during an upgrade. Each is read where it matters; one nobody reads is not advertised
 (docs/decisions.md, "Capabilities are advertised only where they are read")."""
@@ -126,6 +130,12 @@ def hosts_of_type_have(
         if advert.hosts(job_type) and capability not in advert.capabilities:
             return False
     return True
+
+
+def reads_positions(advert: HostAdvert | None) -> bool:
+    """Whether a worker host reads the plan position in a first start's record (one that has
+    not advertised is taken as the previous release, which reads six fields there)."""
+    return advert is not None and STEP_POSITIONS in advert.capabilities
 
 
 def moves_work(advert: HostAdvert) -> bool:

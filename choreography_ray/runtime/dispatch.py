@@ -24,7 +24,7 @@ from ..engine.ports import Dispatched
 from ..engine.step_types import StepTypes
 from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
 from ..jobs.state import JobKey
-from ..placement.capability import HostAdvert, moves_work, reads_decisions
+from ..placement.capability import HostAdvert, moves_work, reads_decisions, reads_positions
 from ..placement.choice import Placement
 from ..placement.spreading import WorkerLoad, WorkerLoads
 from .routes import Routes
@@ -93,7 +93,11 @@ class RayDispatcher:
                 job_key,
                 job_id,
                 job_type,
-                pack_starts(shares[name], urgency=self._moves(name, adverts)),
+                pack_starts(
+                    shares[name],
+                    urgency=self._moves(name, adverts),
+                    positions=self._reads_positions(name, adverts),
+                ),
             )
             for name in names
         ]
@@ -109,6 +113,11 @@ class RayDispatcher:
             dispatched.results.extend(answer)
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
+
+    def _reads_positions(self, name: str, adverts: Mapping[str, HostAdvert]) -> bool:
+        if self.adverts is None:
+            return True  # tests without adverts: every host is this release
+        return reads_positions(adverts.get(name))
 
     def _moves(self, name: str, adverts: Mapping[str, HostAdvert]) -> bool:
         """Whether worker host `name` takes urgent starts and hands back queued runs (a host

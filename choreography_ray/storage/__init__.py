@@ -17,6 +17,7 @@ from .protocols import (
 )
 from .provider import StorageProvider, ThreadedProvider
 from .schemes import PROVIDERS, ProviderRegistry, open_storage
+from .step_query import StepCursor, StepOrder, StepPage, StepQuery
 from .url import StorageURL, redact
 
 __all__ = [
@@ -27,7 +28,11 @@ __all__ = [
     "JobsStorage",
     "ProviderRegistry",
     "StepCounts",
+    "StepCursor",
+    "StepOrder",
+    "StepPage",
     "StepPlanStorage",
+    "StepQuery",
     "StorageCapabilities",
     "StorageProvider",
     "StorageURL",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -26,7 +25,13 @@ from ..jobs.errors import (
     UnreadableStepsError,
 )
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.state import MAX_ID_LENGTH, JobKey, JobState, JobStepState, PlannedStep
+from ..jobs.state import (
+    MAX_ID_LENGTH,
+    JobKey,
+    JobState,
+    JobStepState,
+    PlannedStep,
+)
 from ..jobs.status import JobStepStatus
 from .protocols import StepCounts
 
@@ -39,15 +44,6 @@ StepRecord = tuple[str, int, "str | bytes | dict[str, Any]"]
 
 _UNREADABLE = (MalformedRecordError, TypeRegistryError)
 """What reading a record raises when the record, not the storage, is at fault."""
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def to_micros(value: datetime) -> int:
-    """Microseconds since the epoch: how every provider stores and compares `created`."""
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
 
 _JOB_EXCLUDE = {"version"}
 _STEP_EXCLUDE = {"version"}

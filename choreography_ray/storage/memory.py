@@ -16,7 +16,7 @@ from typing import ClassVar
 from ..jobs.errors import VersionConflictError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry
-from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep
+from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep, to_micros
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
     JobLookup,
@@ -26,10 +26,10 @@ from .codec import (
     check_batch,
     check_id,
     check_job_key,
-    to_micros,
 )
 from .protocols import JobQuery, JobsStorage, StepCounts, StorageCapabilities
 from .provider import StorageProvider
+from .step_query import StepKey, StepPage, StepQuery, changed_micros, matches, select_page
 from .url import StorageURL
 
 
@@ -49,6 +49,18 @@ class StepRow:
     status: int
     stage: int
     document: str
+    type: str = ""
+    position: int = 0
+    changed: int = 0
+    _key: StepKey | None = None
+
+    def key(self, step_id: str) -> StepKey:
+        """Made at the row's first listing and kept: a write replaces the row."""
+        if self._key is None:
+            self._key = StepKey(
+                step_id, self.stage, self.position, self.changed, self.status, self.type
+            )
+        return self._key
 
 
 @dataclass
@@ -280,6 +292,9 @@ class MemoryJobStepStorage(StepLookup, _Base):
                     status=int(state.status),
                     stage=state.stage,
                     document=document,
+                    type=state.type,
+                    position=state.position,
+                    changed=changed_micros(state),
                 )
                 versions.append(version)
         return versions
@@ -315,6 +330,24 @@ class MemoryJobStepStorage(StepLookup, _Base):
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int:
         return len(self._rows(job_id, statuses))
+
+    async def query(self, job_id: str, query: StepQuery | None = None) -> StepPage:
+        check_id(job_id, "job id")
+        with self._lock:
+            rows = dict(self._p.steps.get(job_id, {}))
+        page, following = select_page((row.key(i) for i, row in rows.items()), query or StepQuery())
+        records = [
+            (key.step_id, rows[key.step_id].version, rows[key.step_id].document) for key in page
+        ]
+        return StepPage(self._codec.decode_steps(job_id, records, strict=False), following)
+
+    async def count(self, job_id: str, query: StepQuery | None = None) -> int:
+        query = query or StepQuery()
+        check_id(job_id, "job id")
+        with self._lock:
+            return sum(
+                1 for i, row in self._p.steps.get(job_id, {}).items() if matches(row.key(i), query)
+            )
 
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """Always reads every record: memory keeps no type beside it, and reading is cheap."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep, utc
 from ..jobs.status import JobStatus, JobStepStatus
+from .step_query import StepPage, StepQuery, key_of, matches, select_page
 
 
 class JobQuery(BaseModel):
@@ -202,6 +203,28 @@ class JobStepStorage(Protocol):
         keeps beside each record, from an index (a million in 0.1 s): every record then counts
         by its stored status, readable or not (`StepCounts.verified` says which was done)."""
         ...
+
+    async def query(self, job_id: str, query: StepQuery | None = None) -> StepPage:
+        """A page of the job's steps: those the query's filter keeps, in its order, after its
+        cursor; for listings, so an unreadable record is left out (with a warning in the log).
+
+        This default, inherited by a step storage that subclasses `JobStepStorage`, reads
+        every step of the job through `get_for_job` and pages in memory; a provider overrides
+        it to read one page from an index."""
+        query = query or StepQuery()
+        states = {s.id: s for s in await self.get_for_job(job_id, query.statuses or None)}
+        page, following = select_page((key_of(s) for s in states.values()), query)
+        return StepPage([states[key.step_id] for key in page], following)
+
+    async def count(self, job_id: str, query: StepQuery | None = None) -> int:
+        """How many of the job's steps the query's filter keeps (its cursor and take aside).
+
+        A provider filters by what it keeps beside each record, so a record that cannot be
+        read may count; this default reads every step of the job, as `query`'s does, and
+        counts the readable ones."""
+        query = query or StepQuery()
+        states = await self.get_for_job(job_id, query.statuses or None)
+        return sum(1 for state in states if matches(key_of(state), query))
 
     async def remove(self, job_id: str, step_id: str) -> bool: ...
 

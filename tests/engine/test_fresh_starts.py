@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from choreography_ray.engine.messages import StepStart, pack_starts, unpack_starts
+from choreography_ray.engine.stored_steps import prepared_record
 from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.testing import InProcessCluster
 
@@ -48,6 +50,21 @@ def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, scri
     assert state.progress.successful_steps == 40
     assert {s.status for s in stored} == {JobStepStatus.COMPLETED_SUCCESSFULLY}
     assert reads == []  # every record came with its start
+    # Each record keeps its place in the plan through the worker's writes.
+    assert sorted(s.position for s in stored) == list(range(40))
+
+
+def test_a_worker_of_the_previous_release_is_sent_the_six_fields_it_reads():
+    prepared = ("step.Type", "name", 1, "state.Type", {"n": 1}, 3, 7)
+    start = StepStart("s1", 2, 1, prepared)
+    [old] = pack_starts([start], urgency=False, positions=False)
+    assert old == ("s1", 2, 1, prepared[:6])
+    [new] = pack_starts([start])
+    assert new[3] == prepared
+    assert prepared_record("job", "s1", unpack_starts([new])[0].prepared).position == 7
+    # A job host of the previous release sends six: the record has no place in the plan.
+    record = prepared_record("job", "s1", prepared[:6])
+    assert (record.position, record.stage, record.version) == (0, 1, 3)
 
 
 def test_a_prepared_record_changed_before_its_first_start_is_not_overwritten(run, cluster, script):

@@ -9,6 +9,7 @@ from choreography_ray.placement.capability import (
     CAPABILITIES,
     PLAN_STORAGE,
     STEP_DECISIONS,
+    STEP_POSITIONS,
     WORK_MOVES,
     HostAdvert,
     eligible,
@@ -18,6 +19,7 @@ from choreography_ray.placement.capability import (
     import_failures,
     moves_work,
     reads_decisions,
+    reads_positions,
 )
 from choreography_ray.placement.choice import Placement
 from choreography_ray.runtime.adverts import WITHHELD_ENV, advertised_capabilities
@@ -102,6 +104,7 @@ GATES = {
     ),
     WORK_MOVES: moves_work,
     STEP_DECISIONS: reads_decisions,
+    STEP_POSITIONS: reads_positions,
 }
 
 
@@ -122,4 +125,4 @@ def test_a_host_without_a_capability_is_gated_as_an_older_release(capability: st
 
 def test_a_withheld_capability_is_not_advertised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(WITHHELD_ENV, f" {WORK_MOVES} ,")
-    assert advertised_capabilities() == [PLAN_STORAGE, STEP_DECISIONS]
+    assert advertised_capabilities() == [PLAN_STORAGE, STEP_DECISIONS, STEP_POSITIONS]

@@ -1,7 +1,8 @@
 """A provider of the user's own that leaves both recovery reads to the base's defaults.
 
 It keeps its records as memory storage does, but its job storage subclasses `JobStorage`
-without writing `get_jobs_excluding_finalized_stops`, and the provider writes no
+without writing `get_jobs_excluding_finalized_stops`, its step storage subclasses
+`JobStepStorage` without writing `query` and `count`, and the provider writes no
 `keys_with_jobs` and claims no partition catalog: what a custom provider that predates those
 methods looks like.
 """
@@ -12,12 +13,23 @@ from dataclasses import replace
 from typing import ClassVar
 
 from choreography_ray.jobs import JobKey
-from choreography_ray.storage import JobsStorage, JobStorage, StorageCapabilities, StorageProvider
-from choreography_ray.storage.memory import MemoryJobStorage, MemoryStorage
+from choreography_ray.storage import (
+    JobsStorage,
+    JobStepStorage,
+    JobStorage,
+    StorageCapabilities,
+    StorageProvider,
+)
+from choreography_ray.storage.memory import MemoryJobStepStorage, MemoryJobStorage, MemoryStorage
 
 
 class DefaultsJobStorage(MemoryJobStorage, JobStorage):
     get_jobs_excluding_finalized_stops = JobStorage.get_jobs_excluding_finalized_stops
+
+
+class DefaultsJobStepStorage(MemoryJobStepStorage, JobStepStorage):
+    query = JobStepStorage.query
+    count = JobStepStorage.count
 
 
 class DefaultsStorage(MemoryStorage):
@@ -28,5 +40,7 @@ class DefaultsStorage(MemoryStorage):
 
     def _open_partition(self, key: JobKey) -> JobsStorage:
         opened = super()._open_partition(key)
-        jobs = DefaultsJobStorage(key, self.store.partition(key), self.store.lock, self.codec)
-        return replace(opened, jobs=jobs)
+        partition, lock = self.store.partition(key), self.store.lock
+        jobs = DefaultsJobStorage(key, partition, lock, self.codec)
+        steps = DefaultsJobStepStorage(key, partition, lock, self.codec)
+        return replace(opened, jobs=jobs, steps=steps)

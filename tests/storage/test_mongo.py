@@ -278,7 +278,12 @@ EXPECTED_INDEXES = {
         "status_stopFinalized",
         "created",
     },
-    "job-steps": {"jobId_status", "jobId_stage_stepId"},
+    "job-steps": {
+        "jobId_status",
+        "jobId_stage_stepId",
+        "jobId_stage_position_stepId",
+        "jobId_changed_stepId",
+    },
     "job-step-plans": {"jobId_incarnation_index"},
 }
 

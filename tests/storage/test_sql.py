@@ -36,10 +36,10 @@ from choreography_ray.jobs import (
     TypeRegistry,
     VersionConflictError,
 )
-from choreography_ray.storage import JobQuery, open_storage
+from choreography_ray.storage import JobQuery, StepOrder, StepQuery, open_storage
 from choreography_ray.storage.sql import SqlStorage
 from choreography_ray.storage.sql.engines import is_transient_error
-from choreography_ray.storage.sql.schema import INDEXES, VERSION_TABLE, metadata
+from choreography_ray.storage.sql.schema import HEAD_REVISION, INDEXES, VERSION_TABLE, metadata
 from choreography_ray.storage.sql.steps import QUICK_BATCH
 
 from .sql_support import drop_schema, with_schema
@@ -169,14 +169,14 @@ def test_processes_initialize_one_sqlite_file_at_once(tmp_path):
         assert process.returncode == 0, stderr
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         assert connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
-            ("0002",)
+            (HEAD_REVISION,)
         ]
 
 
 def test_the_schema_version_is_recorded(sqlite_provider):
     with sqlite_connection(sqlite_provider) as connection:
         rows = connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall()
-    assert rows == [("0002",)]
+    assert rows == [(HEAD_REVISION,)]
 
 
 def test_the_indexes_exist(sqlite_provider):
@@ -544,12 +544,65 @@ def test_a_database_of_the_first_schema_gains_the_plan_table_and_keeps_its_jobs(
     run(provider.close())
     with sqlite3.connect(path) as connection:
         assert connection.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
-            ("0002",)
+            (HEAD_REVISION,)
         ]
         assert connection.execute("SELECT id FROM choreography_jobs").fetchall() == [("old",)]
         assert connection.execute("SELECT count(*) FROM choreography_step_plans").fetchall() == [
             (0,)
         ]
+
+
+def test_steps_of_the_plan_schema_list_by_stage_and_id_after_the_upgrade(run, tmp_path, registry):
+    """Step rows written before plan positions were kept read and page as before: position 0,
+    no last change, the plan order falling back to stage and id."""
+    from alembic import command
+    from alembic.config import Config
+
+    from choreography_ray.storage.sql.schema import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    provider = open_storage(f"sqlite:///{path}", registry=registry)
+    assert isinstance(provider, SqlStorage)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("path_separator", "os")
+    config.attributes["version_table"] = VERSION_TABLE
+    old = [step(f"s{n}", stage=1 - n % 2) for n in range(4)]
+    with provider.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0002")
+        for state in old:
+            connection.exec_driver_sql(
+                "INSERT INTO choreography_job_steps VALUES (?, ?, ?, ?, ?, '', ?, ?, 1, ?)",
+                (
+                    KEY.scope,
+                    KEY.namespace,
+                    state.job_id,
+                    state.id,
+                    state.type,
+                    state.stage,
+                    int(state.status),
+                    state.model_dump_json(exclude={"version", "position"}),
+                ),
+            )
+    run(provider.close())
+    provider = open_storage(f"sqlite:///{path}", registry=registry)
+    run(provider.initialize())
+    try:
+        steps = provider.for_key(KEY).steps
+        pages = []
+        query = StepQuery(take=3)
+        while True:
+            page = run(steps.query(old[0].job_id, query))
+            pages.append([s.id for s in page.steps])
+            if page.next is None:
+                break
+            query = query.model_copy(update={"after": page.next})
+        assert pages == [["s1", "s3", "s0"], ["s2"]]
+        by_change = run(steps.query(old[0].job_id, StepQuery(order=StepOrder.CHANGED)))
+        assert [s.id for s in by_change.steps] == ["s3", "s2", "s1", "s0"]
+    finally:
+        run(provider.close())
 
 
 def test_a_closed_provider_refuses_calls(run, tmp_path):
@@ -606,7 +659,7 @@ def test_postgres_providers_create_one_schema_at_once(run, fresh_schema, registr
         "choreography_jobs",
         "choreography_step_plans",
     ]
-    assert version == [("0002",)]
+    assert version == [(HEAD_REVISION,)]
 
 
 @pytest.mark.postgres

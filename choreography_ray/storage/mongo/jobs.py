@@ -11,9 +11,9 @@ from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from ...jobs.errors import VersionConflictError
-from ...jobs.state import JobState
+from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
-from ..codec import JobLookup, check_id, check_job_key, to_micros
+from ..codec import JobLookup, check_id, check_job_key
 from ..protocols import JobQuery
 from .documents import raw_record, storable, stored_version
 from .partition import MongoRecords

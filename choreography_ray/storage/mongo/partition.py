@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from pymongo import ASCENDING, InsertOne, ReplaceOne
+from pymongo import ASCENDING, DESCENDING, InsertOne, ReplaceOne
 from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError, OperationFailure
@@ -53,6 +53,19 @@ _INDEXES: dict[str, list[tuple[str, list[tuple[str, int]]]]] = {
         (
             "jobId_stage_stepId",
             [("jobId", ASCENDING), ("stage", ASCENDING), ("stepId", ASCENDING)],
+        ),
+        (
+            "jobId_stage_position_stepId",
+            [
+                ("jobId", ASCENDING),
+                ("stage", ASCENDING),
+                ("position", ASCENDING),
+                ("stepId", ASCENDING),
+            ],
+        ),
+        (
+            "jobId_changed_stepId",
+            [("jobId", ASCENDING), ("changed", DESCENDING), ("stepId", DESCENDING)],
         ),
     ],
     PLANS: [

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bson.int64 import Int64
-from pymongo import ASCENDING
+from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import BulkWriteError
 
 from ...jobs.errors import VersionConflictError
@@ -15,6 +15,15 @@ from ...jobs.state import JobStepState
 from ...jobs.status import JobStepStatus
 from ..codec import StepLookup, StepRecord, check_batch, check_id
 from ..protocols import StepCounts
+from ..step_query import (
+    PREFIX_END,
+    StepKey,
+    StepOrder,
+    StepPage,
+    StepQuery,
+    changed_micros,
+    paged,
+)
 from .documents import raw_record, step_key, storable, stored_version
 from .partition import DUPLICATE_KEY, PLAN_BATCH, MongoRecords
 
@@ -69,6 +78,9 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
                 "stepId": state.id,
                 "status": int(state.status),
                 "stage": state.stage,
+                "type": state.type,
+                "position": state.position,
+                "changed": Int64(changed_micros(state)),
                 "version": Int64(state.version + 1),
                 "writeToken": token,
                 "state": storable(self._codec.step_document(state)),
@@ -186,6 +198,62 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
         filter = self._filter(job_id, statuses)
         return await self._run(lambda: self._p.steps.count_documents(filter))
 
+    def _query_filter(self, job_id: str, query: StepQuery) -> dict[str, Any]:
+        """The job's steps the query's filter keeps, after its cursor. A document of an
+        earlier release has no position, last change or type: it sorts first of its stage in
+        plan order and last by last change, its cursor matching it as 0."""
+        filter = self._filter(job_id, query.statuses or None)
+        if query.stage is not None:
+            filter["stage"] = query.stage
+        if query.type is not None:
+            filter["type"] = query.type
+        if query.id_prefix:
+            filter["stepId"] = {"$gte": query.id_prefix, "$lt": query.id_prefix + PREFIX_END}
+        after = query.after
+        if after is not None:
+            if after.order is StepOrder.PLAN:
+                stage, position = after.stage, _same(after.position)
+                filter["$or"] = [
+                    {"stage": {"$gt": stage}},
+                    {"stage": stage, "position": {"$gt": after.position}},
+                    {"stage": stage, "position": position, "stepId": {"$gt": after.step_id}},
+                ]
+            else:
+                filter["$or"] = [
+                    {"changed": {"$lt": after.changed}},
+                    {"changed": _same(after.changed), "stepId": {"$lt": after.step_id}},
+                ]
+                if after.changed != 0:  # a lacking field compares with no number
+                    filter["$or"].append({"changed": None})
+        return filter
+
+    async def query(self, job_id: str, query: StepQuery | None = None) -> StepPage:
+        query = query or StepQuery()
+        filter = self._query_filter(job_id, query)
+        if query.order is StepOrder.PLAN:
+            order = [("stage", ASCENDING), ("position", ASCENDING), ("stepId", ASCENDING)]
+        else:
+            order = [("changed", DESCENDING), ("stepId", DESCENDING)]
+        fields = {f: 1 for f in ("stepId", "stage", "position", "changed", "status", "type")}
+
+        def read() -> StepPage:
+            cursor = self._p.steps.find(filter, {**fields, "state": 1, "version": 1}).sort(order)
+            if query.limit is not None:
+                cursor = cursor.limit(query.limit + 1)
+            rows = [(_key(document), document) for document in cursor]
+            page, following = paged(rows, query, lambda row: row[0])
+            records: list[StepRecord] = [
+                (key.step_id, stored_version(d), raw_record(d.get("state"))) for key, d in page
+            ]
+            return StepPage(self._codec.decode_steps(job_id, records, strict=False), following)
+
+        return await self._run(read)
+
+    async def count(self, job_id: str, query: StepQuery | None = None) -> int:
+        unpaged = (query or StepQuery()).model_copy(update={"after": None})
+        filter = self._query_filter(job_id, unpaged)
+        return await self._run(lambda: self._p.steps.count_documents(filter))
+
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """With `verify`, reads every record: only reading tells a readable one from one that
         is not; else groups the documents by their status field on the server."""
@@ -232,3 +300,24 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
             return removed
 
         return await self._run(remove)
+
+
+def _same(value: int) -> Any:
+    """Equal to `value`, where 0 is also a field a document of an earlier release lacks."""
+    return {"$in": [0, None]} if value == 0 else value
+
+
+def _number(document: Mapping[str, Any], field: str) -> int:
+    value = document.get(field)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _key(document: Mapping[str, Any]) -> StepKey:
+    return StepKey(
+        step_id=str(document.get("stepId")),
+        stage=_number(document, "stage"),
+        position=_number(document, "position"),
+        changed=_number(document, "changed"),
+        status=_number(document, "status"),
+        type=str(document.get("type") or ""),
+    )

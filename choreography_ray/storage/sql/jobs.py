@@ -9,9 +9,9 @@ from sqlalchemy import and_, delete, func, not_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from ...jobs.errors import VersionConflictError
-from ...jobs.state import JobState
+from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
-from ..codec import JobLookup, check_id, check_job_key, to_micros
+from ..codec import JobLookup, check_id, check_job_key
 from ..protocols import JobQuery
 from .base import SqlRecords, scalar
 from .schema import jobs_table

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 VERSION_TABLE = "choreography_alembic_version"
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 """The newest migration of this release (a test keeps it equal to Alembic's head)."""
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -45,6 +45,15 @@ INDEXES: dict[str, dict[str, list[str]]] = {
     },
     "choreography_job_steps": {
         "ix_choreography_job_steps_job_status": ["scope", "namespace", "job_id", "status"],
+        "ix_choreography_job_steps_plan_order": [
+            "scope",
+            "namespace",
+            "job_id",
+            "stage",
+            "position",
+            "step_id",
+        ],
+        "ix_choreography_job_steps_changed": ["scope", "namespace", "job_id", "changed", "step_id"],
     },
 }
 """The secondary indexes the migrations create, by table."""
@@ -85,6 +94,8 @@ steps_table = Table(
     Column("status", Integer(), nullable=False),
     Column("version", BigInteger(), nullable=False),
     Column("state", Text(), nullable=False),
+    Column("position", Integer(), nullable=False, server_default="0"),
+    Column("changed", BigInteger(), nullable=False, server_default="0"),
     PrimaryKeyConstraint(
         "scope", "namespace", "job_id", "step_id", name="pk_choreography_job_steps"
     ),
@@ -140,18 +151,23 @@ class Statements:
         )
         self.insert_step = (
             f"INSERT INTO {steps} (scope, namespace, job_id, step_id, type, name, stage, status, "
-            f"version, state) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
+            f"position, changed, version, state) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
             "ON CONFLICT DO NOTHING"
         )
         self.update_step = (
             f"UPDATE {steps} SET type = {p}, name = {p}, stage = {p}, status = {p}, "
-            f"version = {p}, state = {p} WHERE scope = {p} AND namespace = {p} "
-            f"AND job_id = {p} AND step_id = {p} AND version = {p}"
-        )
-        self.update_step_record = (
-            f"UPDATE {steps} SET name = {p}, stage = {p}, version = {p}, state = {p} "
+            f"position = {p}, changed = {p}, version = {p}, state = {p} "
             f"WHERE scope = {p} AND namespace = {p} AND job_id = {p} AND step_id = {p} "
-            f"AND version = {p} AND status = {p} AND type = {p}"
+            f"AND version = {p}"
+        )
+        # SQLite rewrites the index entries of every column a statement sets, changed or not:
+        # the indexed columns are matched, not set (a status change sets them all).
+        self.update_step_record = (
+            f"UPDATE {steps} SET name = {p}, version = {p}, state = {p} "
+            f"WHERE scope = {p} AND namespace = {p} AND job_id = {p} AND step_id = {p} "
+            f"AND version = {p} AND status = {p} AND type = {p} AND stage = {p} "
+            f"AND position = {p} AND changed = {p}"
         )
         self.find_step = (
             f"SELECT version, state FROM {steps} "

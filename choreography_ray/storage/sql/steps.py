@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, select
+from sqlalchemy import Connection, and_, bindparam, delete, func, literal, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from ...jobs.errors import VersionConflictError
@@ -13,6 +13,15 @@ from ...jobs.state import JobStepState
 from ...jobs.status import JobStepStatus
 from ..codec import StepLookup, StepRecord, check_batch, check_id
 from ..protocols import StepCounts
+from ..step_query import (
+    PREFIX_END,
+    StepKey,
+    StepOrder,
+    StepPage,
+    StepQuery,
+    changed_micros,
+    paged,
+)
 from .base import ANALYZE_AFTER, SqlRecords, scalar
 from .schema import steps_table
 
@@ -65,6 +74,7 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         updates: list[tuple[Any, ...]] = []
         for state in states:
             document = encode(state)
+            changed = changed_micros(state)
             if state.version == 0:
                 inserts.append(
                     (
@@ -76,6 +86,8 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
                         state.name,
                         state.stage,
                         int(state.status),
+                        state.position,
+                        changed,
                         document,
                     )
                 )
@@ -86,6 +98,8 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
                         state.name,
                         state.stage,
                         int(state.status),
+                        state.position,
+                        changed,
                         state.version + 1,
                         document,
                         scope,
@@ -261,6 +275,69 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         )
         return await self._listing(scalar, self.provider, statement)
 
+    def _filtered(self, job_id: str, query: StepQuery) -> ColumnElement[bool]:
+        """The job's steps the query's filter keeps, after its cursor."""
+        c = steps_table.c
+        conditions = [self._where(job_id, query.statuses or None)]
+        if query.stage is not None:
+            conditions.append(c.stage == query.stage)
+        if query.type is not None:
+            conditions.append(c.type == query.type)
+        if query.id_prefix:
+            # A range, which the primary key answers; ids are compared byte-wise everywhere.
+            conditions.append(c.step_id >= query.id_prefix)
+            conditions.append(c.step_id < query.id_prefix + PREFIX_END)
+        after = query.after
+        if after is not None:
+            if after.order is StepOrder.PLAN:
+                conditions.append(
+                    tuple_(c.stage, c.position, c.step_id)
+                    > tuple_(literal(after.stage), literal(after.position), literal(after.step_id))
+                )
+            else:
+                conditions.append(
+                    tuple_(c.changed, c.step_id)
+                    < tuple_(literal(after.changed), literal(after.step_id))
+                )
+        return and_(*conditions)
+
+    async def query(self, job_id: str, query: StepQuery | None = None) -> StepPage:
+        check_id(job_id, "job id")
+        return await self._listing(self._page, job_id, query or StepQuery())
+
+    def _page(self, job_id: str, query: StepQuery) -> StepPage:
+        c = steps_table.c
+        order = (
+            (c.stage, c.position, c.step_id)
+            if query.order is StepOrder.PLAN
+            else (c.changed.desc(), c.step_id.desc())
+        )
+        statement = (
+            select(c.step_id, c.stage, c.position, c.changed, c.status, c.type, c.version, c.state)
+            .where(self._filtered(job_id, query))
+            .order_by(*order)
+        )
+        if query.limit is not None:
+            statement = statement.limit(query.limit + 1)
+        with self.provider.autocommit() as connection:
+            rows = [
+                (StepKey(i, stage, position, changed, status, type_), version, record)
+                for i, stage, position, changed, status, type_, version, record in (
+                    connection.execute(statement)
+                )
+            ]
+        page, following = paged(rows, query, lambda row: row[0])
+        records = [(key.step_id, version, record) for key, version, record in page]
+        return StepPage(self._codec.decode_steps(job_id, records, strict=False), following)
+
+    async def count(self, job_id: str, query: StepQuery | None = None) -> int:
+        check_id(job_id, "job id")
+        unpaged = (query or StepQuery()).model_copy(update={"after": None})
+        statement = (
+            select(func.count()).select_from(steps_table).where(self._filtered(job_id, unpaged))
+        )
+        return await self._listing(scalar, self.provider, statement)
+
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
         """With `verify`, reads every record: only reading tells a readable one from one that
         is not; else one `GROUP BY` over the status column, from the (job, status) index
@@ -332,8 +409,23 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
 
 def _record_only(full: tuple[Any, ...]) -> tuple[Any, ...]:
     """The parameters of `update_step_record` from those of `update_step`."""
-    type_, name, stage, status, version, document, scope, namespace, job_id, step_id, read = full
-    return (name, stage, version, document, scope, namespace, job_id, step_id, read, status, type_)
+    (type_, name, stage, status, position, changed, version, document) = full[:8]
+    scope, namespace, job_id, step_id, read = full[8:]
+    return (
+        name,
+        version,
+        document,
+        scope,
+        namespace,
+        job_id,
+        step_id,
+        read,
+        status,
+        type_,
+        stage,
+        position,
+        changed,
+    )
 
 
 class _Lost(Exception):
