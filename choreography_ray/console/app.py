@@ -23,10 +23,11 @@ from ..jobs.state import JobKey
 from ..jobs.status import JobStatus
 from ..storage.codec import check_id
 from ..storage.retry import one_line
+from ..storage.step_query import StepCursor, StepOrder, StepQuery
 from . import pages
 from .html import e, key_params, layout, main, path, url
 from .ports import ACTIONS, ClusterView, JobActions
-from .reader import JobFilter, JobsReader, parse_status, parse_step_statuses
+from .reader import JobFilter, JobsReader, check_page, parse_status, parse_step_statuses
 
 log = logging.getLogger("choreography_ray.console")
 
@@ -50,9 +51,6 @@ class ConsoleSettings:
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-
-LIVE_STEPS = 10_000
-"""The most steps (in the page's statuses) a steps page refreshes itself for."""
 
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
@@ -236,7 +234,7 @@ async def _job_response(
     settings = request.app[SETTINGS]
     key, job_id = _key(request), _job_id(request)
     job = await reader.job(key, job_id)
-    counts = await reader.step_counts(key, job_id)
+    counts = await reader.step_counts(key, job.id)
     actions = request.app[ACTIONS_KEY]
     form = pages.actions_form(
         job,
@@ -250,24 +248,38 @@ async def _job_response(
     return _render(request, f"Job {job_id}", body, live=not job.is_finished, status=status)
 
 
+def _step_query(request: web.Request, size: int) -> StepQuery:
+    """The steps page's filter, order and cursor, from its query string."""
+    after = request.query.get("after", "").strip()
+    stage = request.query.get("stage", "").strip()
+    order = request.query.get("order", "").strip() or StepOrder.PLAN.value
+    try:
+        return StepQuery(
+            statuses=parse_step_statuses(_status_names(request)),
+            stage=_int(request, "stage", 0) if stage else None,
+            type=request.query.get("type", "").strip() or None,
+            id_prefix=request.query.get("prefix", "").strip(),
+            order=StepOrder(order),
+            after=StepCursor.parse(after) if after else None,
+            take=size,
+        )
+    except ValidationError as error:
+        raise BadInput(option_error(error, "steps filter").message) from None
+
+
 async def _steps(request: web.Request) -> web.Response:
     reader = request.app[READER]
     settings = request.app[SETTINGS]
     key, job_id = _key(request), _job_id(request)
-    names = _status_names(request)
-    statuses = parse_step_statuses(names)
-    page = _int(request, "page", 0)
     size = _int(request, "size", settings.page_size)
+    check_page(0, size)
+    query = _step_query(request, size)
     job = await reader.job(key, job_id)
-    found = await reader.steps(key, job_id, statuses, page, size)
-    status = names[0].strip().lower() if len(names) == 1 else ""
-    # A steps page reads the job's steps (see JobsReader.steps): it refreshes itself only
-    # while that stays cheap; a larger job's page is reloaded by hand.
-    live = not job.is_finished and found.total <= LIVE_STEPS
-    note = "" if live or job.is_finished else pages.NOT_LIVE.format(limit=LIVE_STEPS)
-    body = pages.steps_page(job, status, found, pages.now_utc()) + note
-    filters = pages.steps_filters(job, status, size)
-    return _render(request, f"Steps of {job_id}", body, live=live, filters=filters)
+    found = await reader.steps(key, job.id, query)
+    # Each refresh reads one page from an index: live while the job runs, however large.
+    body = pages.steps_page(job, query, found, pages.now_utc())
+    filters = pages.steps_filters(job, query)
+    return _render(request, f"Steps of {job.id}", body, live=not job.is_finished, filters=filters)
 
 
 async def _cluster(request: web.Request) -> web.Response:

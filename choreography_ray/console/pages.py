@@ -11,27 +11,26 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
-from ..jobs.status import JobStatus, JobStepStatus
+from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
 from ..storage.protocols import StepCounts
+from ..storage.step_query import StepOrder, StepQuery
 from .html import bar, duration, e, key_params, path, url, when
 from .ports import ACTIONS, ClusterSnapshot
 from .reader import (
     FAILED_STEPS,
+    PREPARED,
     JobFilter,
     Page,
+    StepListing,
     quarantine_text,
     status_text,
+    step_status_name,
     waiting_for_worker,
 )
 
 _NO_STAGES = (
     '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
     "finished without keeping them</td></tr>"
-)
-
-NOT_LIVE = (
-    '<p class="muted">This page does not refresh itself for more than {limit:,} steps: '
-    "reload it, or filter by status.</p>"
 )
 
 STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
@@ -42,11 +41,6 @@ def status_name(status: int) -> str:
         return JobStatus(status).name
     except ValueError:
         return str(status)
-
-
-def done_steps(job: JobState) -> int:
-    p = job.progress
-    return p.successful_steps + p.failed_steps + p.unreachable_steps
 
 
 def job_link(job_id: str, key: JobKey) -> str:
@@ -108,7 +102,7 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
             f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
             f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
             f'<td class="status">{e(status_text(job))}</td>'
-            f"<td>{bar(done_steps(job), p.total_steps, failed)}</td>"
+            f"<td>{bar(job.progress.done_steps, p.total_steps, failed)}</td>"
             f"<td>{e(when(job.created))}</td>"
             f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
         )
@@ -231,7 +225,7 @@ def job_page(
             ("status", f'<span class="status">{e(_status(job))}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
-            ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
+            ("progress", bar(p.done_steps, p.total_steps, p.failed_steps + p.unreachable_steps)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),
             ("running for" if not ended else "ran for", e(duration(elapsed))),
@@ -290,58 +284,124 @@ def job_page(
     )
 
 
-def steps_filters(job: JobState, status: str, size: int) -> str:
+def _step_params(job: JobState, query: StepQuery) -> dict[str, object]:
+    """A steps page's query string, its cursor aside."""
+    return {
+        **key_params(job.key),
+        "status": ",".join(sorted(step_status_name(s).lower() for s in query.statuses)),
+        "stage": "" if query.stage is None else query.stage,
+        "type": query.type or "",
+        "prefix": query.id_prefix,
+        "order": query.order.value if query.order is not StepOrder.PLAN else "",
+        "size": query.take,
+    }
+
+
+def _selected_status(query: StepQuery) -> str:
+    if query.statuses == FAILED_STEP_STATUSES:
+        return FAILED_STEPS
+    if len(query.statuses) == 1:
+        return step_status_name(next(iter(query.statuses))).lower()
+    return ""
+
+
+def steps_filters(job: JobState, query: StepQuery) -> str:
+    orders = "".join(
+        f'<option value="{o.value}"{" selected" if o is query.order else ""}>{label}</option>'
+        for o, label in ((StepOrder.PLAN, "plan order"), (StepOrder.CHANGED, "last change"))
+    )
+    names = [FAILED_STEPS, PREPARED, *(s.name for s in STEP_STATUSES)]
     return (
-        f'<form method="get" action="{e(path("jobs", job.id, "steps"))}">'
+        f'<form method="get" action="{e(path("jobs", job.id, "steps"))}" class="step-filters">'
         f'<input type="hidden" name="scope" value="{e(job.key.scope)}">'
         f'<input type="hidden" name="namespace" value="{e(job.key.namespace)}">'
-        f'<input type="hidden" name="size" value="{size}">'
-        'status <select name="status">'
-        f"{_options(status, [FAILED_STEPS, *(s.name for s in STEP_STATUSES)])}"
-        '</select> <button type="submit">Filter</button></form>'
+        f'<input type="hidden" name="size" value="{query.take}">'
+        f'id <input name="prefix" value="{e(query.id_prefix)}" size="16" '
+        'placeholder="id or prefix" aria-label="step id or prefix"> '
+        f'status <select name="status">{_options(_selected_status(query), names)}</select> '
+        f'stage <input name="stage" value="{"" if query.stage is None else query.stage}" '
+        'size="3" inputmode="numeric"> '
+        f'type <input name="type" value="{e(query.type or "")}" size="16"> '
+        f'order <select name="order">{orders}</select> '
+        '<button type="submit">Filter</button></form>'
     )
 
 
-def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datetime) -> str:
-    rows = []
-    for step in found.items:
-        error = ""
-        if step.error is not None and (step.error.messages or step.error.stack_trace):
-            error = f'<div class="step-error">{e("; ".join(step.error.messages))}</div>'
-            if step.error.stack_trace:
-                error += (
-                    "<details><summary>stack trace</summary>"
-                    f"<pre>{e(step.error.stack_trace)}</pre></details>"
-                )
-        last = step.status_changes[-1].occurred if step.status_changes else None
-        host = ""
-        if step.lease is not None:
-            host = step.lease.host or step.lease.node
-            if step.status == JobStepStatus.RUNNING:
-                beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
-                host = f"{host} (heartbeat {beat})"
-        rows.append(
-            f'<tr data-step="{e(step.id)}"><td><code>{e(step.id)}</code></td>'
-            f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
-            f'<td class="status">{e(step.status.name)}</td><td class="num">{step.attempt}</td>'
-            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
-            f'<td>{e(when(last))}</td><td>{e(host)}</td><td class="trace">{error}</td></tr>'
+def step_badge(status: JobStepStatus) -> str:
+    """A step's status as a coloured badge whose text says it (colour is never all)."""
+    name = step_status_name(status)
+    return f'<span class="badge s-{e(name.lower())}">{e(name)}</span>'
+
+
+def job_badge(job: JobState) -> str:
+    return f'<span class="badge j-{e(job.status.name.lower())}">{e(status_text(job))}</span>'
+
+
+def step_error(step: JobStepState) -> str:
+    """The step's error messages, with its stack trace folded under them."""
+    if step.error is None or not (step.error.messages or step.error.stack_trace):
+        return ""
+    error = f'<div class="step-error">{e("; ".join(step.error.messages))}</div>'
+    if step.error.stack_trace:
+        error += (
+            "<details><summary>stack trace</summary>"
+            f"<pre>{e(step.error.stack_trace)}</pre></details>"
         )
-    params: dict[str, object] = {
-        **key_params(job.key),
-        "status": status,
-        "size": found.size,
-    }
+    return error
+
+
+def _step_host(step: JobStepState) -> str:
+    if step.lease is None:
+        return ""
+    host = step.lease.host or step.lease.node
+    if step.status == JobStepStatus.RUNNING:
+        beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
+        host = f"{host} (heartbeat {beat})"
+    return host
+
+
+def step_link(job: JobState, step_id: str) -> str:
+    return url(path("jobs", job.id, "steps", step_id), key_params(job.key))
+
+
+def steps_page(job: JobState, query: StepQuery, found: StepListing, now: datetime) -> str:
+    rows = []
+    for step in found.steps:
+        rows.append(
+            f'<tr data-step="{e(step.id)}"><td><a href="{e(step_link(job, step.id))}">'
+            f"<code>{e(step.id)}</code></a></td>"
+            f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
+            f'<td class="status">{step_badge(step.status)}</td>'
+            f'<td class="num">{step.attempt}</td>'
+            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
+            f"<td>{e(when(step.last_change))}</td><td>{e(_step_host(step))}</td>"
+            f'<td class="trace">{step_error(step)}</td></tr>'
+        )
+    params = _step_params(job, query)
     base = path("jobs", job.id, "steps")
+
+    def sort_link(label: str, order: StepOrder) -> str:
+        if order is query.order:
+            return f'{label} <span aria-label="sorted">▾</span>'
+        target = url(base, {**params, "order": order.value})
+        return f'<a href="{e(target)}" title="sort by {label}">{label}</a>'
+
+    pager = [f'<span class="total">{found.total} matching steps</span>']
+    if query.after is not None:
+        pager.append(f'<a rel="first" href="{e(url(base, params))}">⇤ first page</a>')
+    if found.next is not None:
+        target = url(base, {**params, "after": found.next.token()})
+        pager.append(f'<a rel="next" href="{e(target)}">next →</a>')
     return (
         f'<h1>Steps of <a href="{e(job_link(job.id, job.key))}"><code>{e(job.id)}</code></a>'
-        f' <span class="status">{e(job.status.name)}</span></h1>'
-        "<table><thead><tr><th>id</th><th>name</th><th>type</th><th>stage</th><th>status</th>"
-        "<th>attempt</th><th>progress</th><th>last change (UTC)</th><th>host</th>"
-        "<th>error</th></tr></thead><tbody>"
+        f" {job_badge(job)}</h1>"
+        "<table><thead><tr><th>id</th><th>name</th><th>type</th>"
+        f"<th>{sort_link('stage', StepOrder.PLAN)}</th><th>status</th>"
+        f"<th>attempt</th><th>progress</th><th>{sort_link('last change', StepOrder.CHANGED)}"
+        " (UTC)</th><th>host</th><th>error</th></tr></thead><tbody>"
         + ("".join(rows) or '<tr><td colspan="10" class="muted">no steps</td></tr>')
         + "</tbody></table>"
-        + _pager(base, params, found, ("previous", "next"))
+        + f'<p class="pager">{" · ".join(pager)}</p>'
     )
 
 

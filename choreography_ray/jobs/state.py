@@ -133,11 +133,14 @@ class JobProgress(_Model):
     message: str = ""
 
     @property
+    def done_steps(self) -> int:
+        """Steps with an outcome the job counts."""
+        return self.successful_steps + self.failed_steps + self.unreachable_steps
+
+    @property
     def is_completed(self) -> bool:
         """Every step has an outcome the job counts."""
-        return (
-            self.successful_steps + self.failed_steps + self.unreachable_steps == self.total_steps
-        )
+        return self.done_steps == self.total_steps
 
     @property
     def is_stopped(self) -> bool:

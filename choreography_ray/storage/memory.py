@@ -208,6 +208,7 @@ class MemoryJobStorage(JobLookup, _Base):
                 if (query.type is None or row.type == query.type)
                 and (not statuses or row.status in statuses)
                 and (bound is None or row.created_us < bound)
+                and job_id.startswith(query.id_prefix)
             ]
         rows.sort(key=lambda item: (item[1].created_us, item[0]))
         return rows

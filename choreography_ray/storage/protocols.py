@@ -26,8 +26,8 @@ from .step_query import StepPage, StepQuery, key_of, matches, select_page
 class JobQuery(BaseModel):
     """A page of jobs, ordered by creation time and then id.
 
-    `statuses` empty means every status; `created_before` is exclusive; `take` <= 0 means no
-    limit.
+    `statuses` empty means every status; `created_before` is exclusive; `id_prefix` keeps the
+    jobs whose id starts with it (exactly: by case, no wildcard); `take` <= 0 means no limit.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -35,6 +35,7 @@ class JobQuery(BaseModel):
     type: str | None = None
     statuses: frozenset[JobStatus] = Field(default_factory=frozenset)
     created_before: datetime | None = None
+    id_prefix: str = ""
     skip: int = 0
     take: int = 100
 

@@ -207,6 +207,26 @@ def test_created_before_is_exclusive(run, storage, make):
     assert run(storage.jobs.count(before)) == 2
 
 
+def test_an_id_prefix_keeps_the_jobs_whose_id_starts_with_it_exactly(run, storage, make):
+    ids = ["3f2a9c1e-a", "3f2a9c1e-b", "3F2A9C1E-c", "3f2b", "3f%_", "3f%x", "4"]
+    for minute, job_id in enumerate(ids):
+        run(storage.jobs.save(make.job(job_id, created=make.at(minute))))
+
+    def matching(prefix: str) -> list[str]:
+        query = JobQuery(id_prefix=prefix)
+        found = _ids(run(storage.jobs.query(query)))
+        assert run(storage.jobs.count(query)) == len(found)
+        return found
+
+    assert matching("3f2a9c1e") == ["3f2a9c1e-a", "3f2a9c1e-b"]
+    assert matching("3F") == ["3F2A9C1E-c"]
+    assert matching("3f%_") == ["3f%_"]
+    assert matching("3f%") == ["3f%_", "3f%x"]
+    assert matching("3f2a9c1e-b") == ["3f2a9c1e-b"]
+    assert matching("5") == []
+    assert len(matching("")) == len(ids)
+
+
 def test_skip_and_take_page_through_the_order(run, storage, make):
     for minute in range(7):
         run(storage.jobs.save(make.job(f"j{minute}", created=make.at(minute))))

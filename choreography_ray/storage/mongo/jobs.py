@@ -15,6 +15,7 @@ from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
 from ..codec import JobLookup, check_id, check_job_key
 from ..protocols import JobQuery
+from ..step_query import PREFIX_END
 from .documents import raw_record, storable, stored_version
 from .partition import MongoRecords
 
@@ -104,6 +105,8 @@ class MongoJobStorage(JobLookup, MongoRecords):
             filter["status"] = {"$in": sorted(int(s) for s in query.statuses)}
         if query.created_before is not None:
             filter["created"] = {"$lt": Int64(to_micros(query.created_before))}
+        if query.id_prefix:
+            filter["_id"] = {"$gte": query.id_prefix, "$lt": query.id_prefix + PREFIX_END}
         return filter
 
     def _decode_all(self, documents: Iterable[Mapping[str, Any]]) -> list[JobState]:
