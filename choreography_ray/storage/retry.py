@@ -32,6 +32,7 @@ def not_a_retry(record: logging.LogRecord) -> bool:
     error as one line, where each retry's line would only repeat it."""
     return record.msg is not RETRY_MESSAGE
 
+
 T = TypeVar("T")
 
 

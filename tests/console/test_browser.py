@@ -29,6 +29,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
 WAIT = 20.0
 """Seconds the browser may take to show what a test waits for."""
 
+
 def missing_browser(chromium: str = CHROMIUM, chromedriver: str = CHROMEDRIVER) -> str | None:
     """What of the browser is not installed, by name and with the package to install; None
     when both are there."""
