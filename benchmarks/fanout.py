@@ -5,6 +5,7 @@
         --peers dbos --plot benchmarks/fanout.png
     python benchmarks/fanout.py --soak 100        # host memory across 100 jobs of 1,000 steps
     python benchmarks/fanout.py --fairness --fairness-steps 100000   # a small job beside a large
+    python benchmarks/fanout.py --map --sizes 10000,100000   # jobs.map beside ray.get, 2 kinds
 
 For each N: plain Ray tasks (`ray.get` over N no-op remote calls) and a job of N no-op async
 steps in each configuration of `--configs`:
@@ -32,11 +33,14 @@ import os
 import platform
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import ray
+from profiling import Recording, cpu_by_role, cpu_seconds, process_cpu
 
 import choreography_ray as cr
 from choreography_ray.bench import (
@@ -44,6 +48,8 @@ from choreography_ray.bench import (
     NoopFanOut,
     actor_per_step,
     host_stats,
+    map_noop,
+    map_sleep,
     median,
     plain_ray_tasks,
     run_fanout,
@@ -121,37 +127,41 @@ def _fresh_schema(url: str, schema: str) -> None:
     engine.dispose()
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system, and of waited-for children) of this driver and every process
-    it started, Ray's included, read from /proc (Linux)."""
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        stats[int(entry)] = text.rsplit(")", 1)[1].split()
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
-    ticks = os.sysconf("SC_CLK_TCK")
-    total, pending = 0.0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        fields = stats.get(pid)
-        if fields is None:
-            continue
-        total += sum(int(value) for value in fields[11:15]) / ticks  # utime stime cutime cstime
-        pending.extend(children.get(pid, ()))
-    return total
-
-
 def _measured(what, *args):
     cpu = cpu_seconds()
     result = what(*args)
     return result, cpu_seconds() - cpu
+
+
+@contextmanager
+def _window(spent: list[float], config: Config, n: int, profile: Path | None):
+    """The CPU of a job's run from `start()` to its terminal status; with `profile`, that
+    span's CPU by process and sampled stacks of the driver and the host actors."""
+    recording = None
+    if profile is not None:
+        stats = host_stats(config.namespace)
+        pids = {"driver": os.getpid(), "controller": stats["controller"]["pid"]}
+        pids.update({f"worker{i}": pid for i, pid in enumerate(stats["worker"]["pids"])})
+        recording = Recording(profile, f"{config.name}-{n}")
+        recording.start(pids)
+        by_process = process_cpu()
+    cpu = cpu_seconds()
+    try:
+        yield
+    finally:
+        spent.append(cpu_seconds() - cpu)
+        if recording is not None:
+            roles = cpu_by_role(by_process, process_cpu())
+            recording.stop()
+            print(
+                f"\nCPU by process, {config.name}, N={n} (seconds; py-spy's own left out): "
+                + ", ".join(
+                    f"{role} {seconds:.2f}"
+                    for role, seconds in roles.most_common()
+                    if seconds >= 0.01
+                )
+            )
+            print(recording.summary(), flush=True)
 
 
 def fanout(args: argparse.Namespace, workdir: Path) -> None:
@@ -171,9 +181,12 @@ def fanout(args: argparse.Namespace, workdir: Path) -> None:
             ray_seconds.append(seconds)
             ray_cpu.append(cpu)
             for config in configs:
-                run, cpu = _measured(run_fanout, config.jobs, n, config.storage, config.name)
+                spent: list[float] = []
+                profile = args.profile and n == sizes[-1] and len(config.runs) == 0
+                window = partial(_window, spent, config, n, Path(args.profile) if profile else None)
+                run = run_fanout(config.jobs, n, config.storage, config.name, window)
                 config.runs.append(run)
-                config.cpu.append(cpu)
+                config.cpu.append(spent[0])
             for peer in peers if n <= args.peer_max and len(ray_seconds) <= args.peer_runs else ():
                 for storage_kind in _peer_storages(configs):
                     label = f"{peer} ({storage_kind})"
@@ -332,6 +345,27 @@ def _connect(workdir: Path, name: str):
     return cr.connect(url, namespace=f"bench-{name}", modules=["choreography_ray.bench"]), url
 
 
+def map_fanout(args: argparse.Namespace, workdir: Path) -> None:
+    """`jobs.map(fn, range(N))` beside `ray.get([f.remote(x) for x in range(N)])`, in one run,
+    for a no-op function and one that waits 10 ms (`time.sleep` in the Ray task, as Ray users
+    write it; `await asyncio.sleep` in the async step function). One run per N of each; the
+    map job's time runs from the call to its last stored outcome, on SQLite, default options."""
+    jobs, _ = _connect(workdir, "map")
+    for n in [int(s) for s in args.sizes.split(",")]:
+        for label, function, sleep in (("no-op", map_noop, 0.0), ("10 ms", map_sleep, 0.01)):
+            ray_seconds, ray_cpu = _measured(plain_ray_tasks, n, sleep)
+            began, cpu = time.perf_counter(), cpu_seconds()
+            state = jobs.map(function, range(n)).wait()
+            map_seconds, map_cpu = time.perf_counter() - began, cpu_seconds() - cpu
+            assert state is not None and state.progress.successful_steps == n, state
+            print(
+                f"N={n:,} {label}: ray.get {n / ray_seconds:,.0f}/s ({ray_cpu:.1f} CPU s), "
+                f"jobs.map {n / map_seconds:,.0f}/s ({map_cpu:.1f} CPU s), "
+                f"ratio {ray_seconds / map_seconds:.2f}",
+                flush=True,
+            )
+
+
 def soak(args: argparse.Namespace, workdir: Path) -> None:
     """Host memory across many consecutive jobs: does anything accumulate?"""
     jobs, _ = _connect(workdir, "soak")
@@ -398,6 +432,12 @@ def main() -> None:
     )
     parser.add_argument("--plot", default="")
     parser.add_argument(
+        "--profile",
+        default="",
+        help="a directory: py-spy stacks and CPU by process of each config's first run at the "
+        "largest N",
+    )
+    parser.add_argument(
         "--configs",
         default="default,tuned,wide",
         help=f"comma-separated, of: {', '.join(CONFIGS)}",
@@ -417,6 +457,9 @@ def main() -> None:
         "--fairness", action="store_true", help="a 10-step job beside a large one, same worker"
     )
     parser.add_argument("--fairness-steps", type=int, default=100_000, help="the large job's")
+    parser.add_argument(
+        "--map", action="store_true", help="jobs.map beside ray.get: a no-op, and 10 ms"
+    )
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -428,14 +471,16 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            if args.fairness:
+            if args.map:
+                map_fanout(args, Path(tmp))
+            elif args.fairness:
                 fairness(args, Path(tmp))
             elif args.soak:
                 soak(args, Path(tmp))
             else:
                 fanout(args, Path(tmp))
     finally:
-        for name in (*CONFIGS, "soak", "fairness"):
+        for name in (*CONFIGS, "soak", "fairness", "map"):
             stop_hosts(f"bench-{name}")
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
+from .jobs.functions import step
 from .jobs.job import Job, StepDetails
 from .jobs.state import JobKey
 from .jobs.status import JobStatus
@@ -35,6 +38,19 @@ class NoopStep(JobStep[NoopItem, NoopItem, int], name="choreography.bench.noop")
 
     async def perform(self, state: NoopItem, ctx: StepContext) -> int:
         return state.n
+
+
+@step(name="choreography.bench.map-noop")
+async def map_noop(n: int) -> int:
+    """The no-op step function `jobs.map` runs in `benchmarks/fanout.py --map`."""
+    return n
+
+
+@step(name="choreography.bench.map-sleep")
+async def map_sleep(n: int) -> int:
+    """A step function that waits 10 ms, as an I/O call would."""
+    await asyncio.sleep(0.01)
+    return n
 
 
 class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
@@ -88,9 +104,11 @@ def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
             break
         workers.append(ray.get(handle.stats.remote()))
         index += 1
-    summed: dict[str, Any] = {}
+    summed: dict[str, Any] = {"pids": [entry.get("pid") for entry in workers]}
     for entry in workers:
         for name, value in entry.items():
+            if name == "pid":
+                continue
             if name.startswith("rss"):
                 summed[name] = max(summed.get(name, 0), value)
             else:
@@ -132,13 +150,24 @@ async def _latencies(storage_url: str, namespace: str, job_id: str) -> list[floa
         await provider.close()
 
 
-def run_fanout(jobs: Any, steps: int, storage_url: str, label: str) -> FanOutRun:
-    """One job of `steps` no-op steps, from `start()` to its completion."""
+def run_fanout(
+    jobs: Any,
+    steps: int,
+    storage_url: str,
+    label: str,
+    window: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> FanOutRun:
+    """One job of `steps` no-op steps, from `start()` to its completion.
+
+    `window` wraps exactly that span (the benchmark's CPU reading and profiler), leaving out
+    the reading back of latencies and statistics, which is the benchmark's own work.
+    """
     before = host_stats(jobs.namespace)
-    began = time.perf_counter()
-    job_id = jobs.start(NoopFanOut, BenchRequest(steps=steps))
-    state = jobs.wait(job_id, interval=0.005)
-    seconds = time.perf_counter() - began
+    with window():
+        began = time.perf_counter()
+        job_id = jobs.start(NoopFanOut, BenchRequest(steps=steps))
+        state = jobs.wait(job_id, interval=0.005)
+        seconds = time.perf_counter() - began
     if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise RuntimeError(f"the benchmark job ended {state.status if state else 'cleared'}")
     after = host_stats(jobs.namespace)
@@ -153,12 +182,15 @@ def run_fanout(jobs: Any, steps: int, storage_url: str, label: str) -> FanOutRun
     )
 
 
-def plain_ray_tasks(steps: int) -> float:
-    """Seconds for `ray.get` over `steps` no-op remote calls."""
+def plain_ray_tasks(steps: int, sleep: float = 0.0) -> float:
+    """Seconds for `ray.get` over `steps` remote calls that return at once, or after `sleep`
+    seconds (Ray's default task options: one CPU each)."""
     import ray
 
     @ray.remote
     def noop(n: int) -> int:
+        if sleep:
+            time.sleep(sleep)
         return n
 
     ray.get(noop.remote(0))  # warm a worker

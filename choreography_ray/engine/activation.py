@@ -62,7 +62,11 @@ class ActivationCore:
         self.log = self.record.log
         self.counters = self.record.counters
         self.retry = RetryRule(self.job, ctx.options, ctx.registry, self.log)
-        self.window = job_class.max_active_steps or ctx.options.max_active_steps_per_job
+        self.window = (
+            state.max_active_steps
+            or job_class.max_active_steps
+            or ctx.options.max_active_steps_per_job
+        )
         """The most steps tracked at once; None lets every step of a stage run."""
         self.hears_outcomes = (
             job_class.on_step_completed_or_stopped is not Job.on_step_completed_or_stopped

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
 
 from ..jobs.errors import DrainOutcome, RemoveJobError, RemoveJobFailed, ResumeJobSuccess
-from ..jobs.job import Job
+from ..jobs.job import Job, StepDetails
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from . import quarantine
@@ -181,9 +181,14 @@ class JobActivation:
 
     # -- operations -----------------------------------------------------------------------------
 
-    async def start(self, request: BaseModel) -> JobStartResult:
+    async def start(
+        self,
+        request: BaseModel,
+        steps: Iterable[StepDetails] | None = None,
+        max_active_steps: int | None = None,
+    ) -> JobStartResult:
         async with self._core.turn:
-            return await self._starting.start(request)
+            return await self._starting.start(request, steps, max_active_steps)
 
     async def stop(self) -> None:
         async with self._core.turn:

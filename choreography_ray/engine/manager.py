@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from ..jobs.errors import (
     UnknownTypeError,
     VersionConflictError,
 )
-from ..jobs.job import Job
+from ..jobs.job import Job, StepDetails
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import (
@@ -226,12 +226,17 @@ class JobsManager:
     # -- operations -----------------------------------------------------------------------------
 
     async def start(
-        self, job_type: type[Job[Any]], request: BaseModel, *, job_id: str | None = None
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel,
+        *,
+        job_id: str | None = None,
+        steps: Iterable[StepDetails] | None = None,
+        max_active_steps: int | None = None,
     ) -> JobStartResult:
-        """Start a job. With a caller-supplied `job_id`, starting it again returns that job."""
-        if not (isinstance(job_type, type) and issubclass(job_type, Job)) or not hasattr(
-            job_type, "name"
-        ):
+        """Start a job (its `job_id` again: that job); `steps` stand in for `prepare_steps`."""
+        is_job = isinstance(job_type, type) and issubclass(job_type, Job)
+        if not is_job or not hasattr(job_type, "name"):
             raise TypeError(f"{job_type!r} is not a Job class with a request type")
         if not isinstance(request, job_type.request_type):
             raise TypeError(
@@ -255,9 +260,9 @@ class JobsManager:
                         else StartJobError.ALREADY_BEEN_PREPARED
                     )
                     return JobStartResult(job_id, refusal)
-                return await activation.start(request)
+                return await activation.start(request, steps, max_active_steps)
         else:
-            return await existing.start(request)
+            return await existing.start(request, steps, max_active_steps)
         state = JobState(
             id=job_id,
             key=self.ctx.key,
@@ -269,7 +274,7 @@ class JobsManager:
             self.ctx, job_type, state, on_release=self._released, on_saved=self._saved
         )
         self._activations[job_id] = activation
-        return await activation.start(request)
+        return await activation.start(request, steps, max_active_steps)
 
     async def get(self, job_id: str) -> JobState:
         """The job as its live activation holds it between operations, else as stored."""

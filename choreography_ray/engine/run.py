@@ -23,11 +23,12 @@ from ..jobs.retry import error_type_name
 from ..jobs.state import JobStepProgress, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
+from .clock import Clock, until_done
 from .context import error_messages
-from .messages import StepReport, StepStart
+from .messages import SettledStops, StepReport, StepStart
 from .run_host import CallbackRejected, RunHost, RunKey
 from .stored_steps import outcome_report
-from .writer import StaleRecord, Tracked
+from .writer import StaleRecord, StepWriter, Tracked
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -69,6 +70,7 @@ class StepRun:
         self.cancel_work: Callable[[], None] | None = None
         """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None
+        self._partition_writer: StepWriter | None = None
         self._done: asyncio.Future[None] | None = None
         self._ended = False
         self._report: StepReport | None = None
@@ -201,12 +203,20 @@ class StepRun:
         )
         self._set(status=status, status_changes=[*self.record.state.status_changes, change])
 
+    @property
+    def _writer(self) -> StepWriter:
+        """The group commit of the run's partition, looked up once per run."""
+        writer = self._partition_writer
+        if writer is None:
+            writer = self._partition_writer = self.worker.writer_for(self.key.job_key)
+        return writer
+
     def _write(self) -> asyncio.Future[None]:
-        return self.worker.writer_for(self.key.job_key).write(self.record)
+        return self._writer.write(self.record)
 
     def _write_later(self) -> None:
         """Checkpoints and Running: the outcome's write, waited for, comes after them."""
-        self.worker.writer_for(self.key.job_key).write_later(self.record)
+        self._writer.write_later(self.record)
 
     def cancel(self, removing: bool) -> None:
         self._removing = self._removing or removing
@@ -278,6 +288,29 @@ class StepRun:
         self._user_state = user_state
         if self.cancelled:
             return self._settle_stopped(step)
+        if self.step_class.is_async():
+            return await self._perform(step)
+        # A synchronous step's Ray task takes a CPU: it waits for one still Scheduled, so
+        # that Running means performing, and a stop meanwhile settles it at once.
+        slots = self.worker.sync_slots
+        self.runner = asyncio.current_task()
+        try:
+            await slots.acquire()
+        except asyncio.CancelledError:
+            if not self.cancelled:
+                raise
+            return self._settle_stopped(step)
+        finally:
+            self.runner = None
+        try:
+            if self.cancelled:
+                return self._settle_stopped(step)
+            return await self._perform(step)
+        finally:
+            slots.release()
+
+    async def _perform(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
+        registry = self.worker.registry
         # Who runs the step, always: a job that sends the step again sends it back here, and
         # another worker asked to run it asks this host first. The heartbeat is renewed only
         # with leases on (`step_lease_timeout`).
@@ -329,11 +362,19 @@ class StepRun:
                 error_type=error_type_name(type(failure)),
             )
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
-        wrapped = step.wrap_result(result)
-        return self._settle(
-            JobStepStatus.COMPLETED_SUCCESSFULLY,
-            result=registry.dump(wrapped) if wrapped is not None else None,
-        )
+        try:
+            wrapped = step.wrap_result(result)
+            payload = registry.dump(wrapped) if wrapped is not None else None
+        except Exception as failure:  # a result of another type than the step declares
+            error = StepError(
+                messages=[
+                    f"the step's result cannot be stored: {'; '.join(error_messages(failure))}"
+                ],
+                stack_trace=traceback.format_exc(),
+                error_type=error_type_name(type(failure)),
+            )
+            return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
+        return self._settle(JobStepStatus.COMPLETED_SUCCESSFULLY, result=payload)
 
     def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
         partial = None
@@ -380,3 +421,22 @@ class StepRun:
         self._status(status, error)
         self._report = outcome_report(self.record.state, self.generation, self.attempt)
         return self._write()
+
+
+async def settled_within(runs: list[StepRun], clock: Clock, within: float) -> SettledStops:
+    """Wait, up to `within` seconds, for stopped `runs` to settle and persist their outcomes:
+    those that did answer with it; the others are answered as timed out, and their callbacks are
+    refused from then on (each still reports once it settles)."""
+    deadline = asyncio.ensure_future(clock.sleep(within))
+    try:
+        await until_done(deadline, lambda: [run.done for run in runs])
+    finally:
+        deadline.cancel()
+    answer = SettledStops()
+    for run in runs:
+        if run.persisted is not None:
+            answer.settled.append(run.persisted)
+        else:  # not quiescent, or its outcome was not written: no answer of its own
+            run.closed = True
+            answer.timed_out.append(run.step_id)
+    return answer

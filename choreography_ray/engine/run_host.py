@@ -106,6 +106,8 @@ class RunHost(Protocol):
     activation_id: str
     host: str
     sync_runner: SyncRunner
+    sync_slots: asyncio.Semaphore
+    """Free CPUs for synchronous steps' work (`max_parallel_sync_steps`)."""
     metrics: StepMetrics
     closed: bool
     """The host shuts down: a run that settles afterwards writes and reports nothing."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
 
 from ..jobs.errors import (
     ChoreographyError,
+    InvalidRequestError,
     NoEligibleJobWorker,
     StartJobError,
     VersionConflictError,
@@ -24,11 +26,6 @@ from .outcomes import Outcomes
 from .planning import InvalidPlan, build_plan, plan_exceeds, plan_size
 from .record import Released
 from .stages import Stages
-
-ORIGINALS_KEPT = 100_000
-"""Up to this many steps, a clean start prepares each step from the request `prepare_steps`
-returned rather than reading it back from the plan's JSON (it saves about 3 µs a step). A
-larger plan lets the requests go once planned: a million of them hold about 450 MB."""
 
 
 class Starting:
@@ -48,8 +45,15 @@ class Starting:
     def id(self) -> str:
         return self.core.id
 
-    async def start(self, request: BaseModel) -> JobStartResult:
-        """Start the job with `request`; the caller holds the job's turn."""
+    async def start(
+        self,
+        request: BaseModel,
+        steps: Iterable[StepDetails] | None = None,
+        max_active_steps: int | None = None,
+    ) -> JobStartResult:
+        """Start the job with `request`; the caller holds the job's turn. `steps`, when
+        given, are the job's steps instead of what `prepare_steps` returns (`jobs.map`'s
+        items); `max_active_steps` is this job's window, stored with it."""
         record = self.record
         state = record.state
         job_class = self.core.job_class
@@ -67,6 +71,9 @@ class Starting:
         state.created = self.core.ctx.clock.now()
         state.request = registry.dump_request(request)
         state.execution_generation = 1
+        if max_active_steps is not None:
+            state.max_active_steps = max_active_steps
+            self.core.window = max_active_steps
         try:
             state.details = self.core.job.details(request) or ""
         except Exception:
@@ -82,20 +89,18 @@ class Starting:
                 self.id, StartJobError.UNKNOWN, f"could not save the job: {error}"
             )
 
+        originals: dict[str, BaseModel] = {}
         try:
-            details = list(await maybe_await(self.core.job.prepare_steps(request)))
-        except Exception as error:
-            return await self.fail(error, StartJobError.UNKNOWN)
-        originals = (
-            {detail.step_id: detail.request for detail in details}
-            if len(details) <= ORIGINALS_KEPT and all(isinstance(d, StepDetails) for d in details)
-            else {}
-        )
-        try:
-            plan = build_plan(details, registry)  # consumes details
+            if steps is None:
+                steps = await maybe_await(self.core.job.prepare_steps(request))
+            plan = build_plan(steps, registry, originals)  # consumes steps
         except InvalidPlan as invalid:
             return await self.fail(invalid.reason, StartJobError.INVALID_STEP_PLAN)
-        del details
+        except InvalidRequestError as error:  # an item a step function cannot take
+            return await self.fail(error, StartJobError.INVALID_STEP_PLAN)
+        except Exception as error:
+            return await self.fail(error, StartJobError.UNKNOWN)
+        del steps
         self._originals = originals
 
         try:

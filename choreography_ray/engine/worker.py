@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
 from .clock import Clock, until_done
+from .limits import step_limits
 from .messages import (
     SettledStops,
     StartOutcome,
@@ -35,7 +37,7 @@ from .messages import (
 )
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
-from .run import StepRun
+from .run import StepRun, settled_within
 from .run_host import (
     CallbackRejected,
     RunKey,
@@ -67,6 +69,7 @@ class StepWorker:
         clock: Clock,
         reporter: JobReporter,
         max_parallel_steps: int | None = None,
+        max_parallel_sync_steps: int | None = None,
         sync_runner: SyncRunner | None = None,
         node_id: str = "local",
         activation_id: str = "local",
@@ -78,7 +81,12 @@ class StepWorker:
         self.options = options
         self.clock = clock
         self.reporter = reporter
-        self.max_parallel_steps = max_parallel_steps or options.effective_max_parallel_steps
+        limits = step_limits(max_parallel_steps or options.max_parallel_steps, os.cpu_count())
+        self.max_parallel_steps = limits.performing
+        """Runs performing at once, of any kind."""
+        self.max_parallel_sync_steps = max_parallel_sync_steps or limits.synchronous
+        """Of which synchronous (a Ray task each, on a CPU): more wait, still Scheduled."""
+        self.sync_slots = asyncio.Semaphore(self.max_parallel_sync_steps)
         self.sync_runner: SyncRunner = sync_runner or SyncStepRunner()
         self.node_id = node_id
         self.activation_id = activation_id
@@ -386,19 +394,7 @@ class StepWorker:
             and run.generation <= request.generation
         ]
         await self.stop_steps(request)
-        deadline = asyncio.ensure_future(self.clock.sleep(timeout))
-        try:
-            await until_done(deadline, lambda: [run.done for run in runs])
-        finally:
-            deadline.cancel()
-        answer = SettledStops()
-        for run in runs:
-            if run.persisted is not None:
-                answer.settled.append(run.persisted)
-            else:  # not quiescent, or its outcome was not written: no answer of its own
-                run.closed = True  # its callbacks are refused from now on
-                answer.timed_out.append(run.step_id)
-        return answer
+        return await settled_within(runs, self.clock, timeout)
 
     def stop_all(self) -> int:
         """Stop every run here (the node goes): each settles stopped and reports it, and its

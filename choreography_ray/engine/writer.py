@@ -328,7 +328,10 @@ class StepWriters:
         """Whether no new run may start now: storage refuses writes, or too many wait."""
         if self._down:
             return True
-        return sum(writer.pending for writer in self._writers.values()) >= self.limit
+        pending = 0
+        for writer in self._writers.values():  # asked per run started: no generator
+            pending += writer.pending
+        return pending >= self.limit
 
     @property
     def busy(self) -> bool:

@@ -5,6 +5,7 @@ Nothing here imports Ray or a storage driver: declaring a job touches neither.
 
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
+from .functions import JobFunction, StepFunction, job, step
 from .job import (
     Job,
     JobInfo,
@@ -13,6 +14,7 @@ from .job import (
     StepDetails,
     StepOutcome,
 )
+from .mapping import MapJob  # noqa: F401 - registered here, so every host runs map jobs
 from .options import JobsOptions, parse_duration
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
 from .retry import RetryPolicy
@@ -48,6 +50,7 @@ __all__ = [
     *_errors_all,
     # authoring
     "Job",
+    "JobFunction",
     "JobInfo",
     "JobRequest",
     "JobStageFailureBehavior",
@@ -57,8 +60,11 @@ __all__ = [
     "StepContext",
     "StepDetails",
     "StepFailed",
+    "StepFunction",
     "StepOutcome",
     "StepRequest",
+    "job",
+    "step",
     # options
     "JobsOptions",
     "RetryPolicy",

@@ -187,6 +187,10 @@ class Job(Generic[TRequest]):
     ) -> StepDetails:
         """Plan one step: a new identity, its stage (0 first), its type and its request."""
         if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+            if hasattr(step_type, "plan"):
+                raise TypeRegistryError(
+                    f"{step_type!r} is a step function: plan its steps with .plan(item)"
+                )
             raise TypeRegistryError(f"{step_type!r} is not a JobStep class")
         if not hasattr(step_type, "request_type"):
             raise TypeRegistryError(f"{step_type.__qualname__} does not declare its types")

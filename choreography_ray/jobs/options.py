@@ -67,6 +67,8 @@ def parse_duration(value: Any) -> timedelta:
 
 
 def default_max_parallel_steps() -> int:
+    """Synchronous steps a node performs at once by default: its CPUs but one (each runs as a
+    Ray task on a CPU). Async steps have a far wider default window (docs/configuration.md)."""
     return max(1, (os.cpu_count() or 1) - 1)
 
 
@@ -76,7 +78,8 @@ class JobsOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_parallel_steps: int | None = None
-    """Steps one worker node performs at once; None means max(1, cpus - 1)."""
+    """Steps one worker node performs at once, of every kind. None: derived from the node's
+    CPUs and the step's kind — async steps 128 per CPU, synchronous steps max(1, cpus - 1)."""
     dead_job_threshold: timedelta = timedelta(hours=1)
     """A preparing job older than this with no stored step is dead and cleaned up."""
     cleanup_cadence: timedelta = timedelta(hours=1)
@@ -294,6 +297,8 @@ class JobsOptions(BaseModel):
 
     @property
     def effective_max_parallel_steps(self) -> int:
+        """Steps one node surely performs at once, whatever their kind: what the autoscaler
+        plans nodes by (async steps would fit many more)."""
         return self.max_parallel_steps or default_max_parallel_steps()
 
     def with_changes(self, **changes: Any) -> JobsOptions:

@@ -239,7 +239,7 @@ class TypeRegistry:
             name = self._by_class.get(cls)
             if name is None:
                 name = self.name_of(cls)  # raises, naming the class
-            adapter = _list_adapter(cls)
+            adapter = list_adapter(cls)
             group = [values[i] for i in indexes]
             if cls.model_dump is not BaseModel.model_dump:  # type: ignore[attr-defined]
                 # Its own model_dump decides what is stored: checked the one-by-one way.
@@ -247,14 +247,10 @@ class TypeRegistry:
                 for i, item in zip(indexes, data, strict=True):
                     payloads[i] = trusted(Payload, type=name, data=item)
                 continue
-            try:
-                data = adapter.dump_python(group, mode="json")
-                written = to_json(data)
-                read = from_json(written, allow_inf_nan=False)
-                passed = adapter.dump_json(adapter.validate_python(read)) == written
-            except (PydanticSerializationError, ValueError, ValidationError):
-                passed = False
-            if not passed:
+            checked = round_trip(adapter, group)
+            if checked is not None:
+                data = checked[0]
+            else:
                 for value in group:
                     self.dump_request(value)  # raises for the request at fault
                 data = [self.dump(value).data for value in group]
@@ -288,9 +284,24 @@ class TypeRegistry:
 
 
 @functools.lru_cache(maxsize=256)
-def _list_adapter(cls: type) -> TypeAdapter[Any]:
-    """A list of `cls`, validated and written in one call (one adapter per class)."""
-    return TypeAdapter(list[cls])  # type: ignore[valid-type]
+def list_adapter(cls: Any) -> TypeAdapter[Any]:
+    """A list of `cls` (a class or any type a pydantic adapter takes), validated and written
+    in one call (one adapter per type)."""
+    return TypeAdapter(list[cls])
+
+
+def round_trip(adapter: TypeAdapter[Any], values: list[Any]) -> tuple[list[Any], bytes] | None:
+    """`values` in JSON mode and as JSON text, when that text reads back through `adapter`
+    and writes again identically (no NaN, no infinity, nothing that reads back different);
+    None when it does not. The check `dump_request` makes, over a whole list at once."""
+    try:
+        data = adapter.dump_python(values, mode="json")
+        written = to_json(data)
+        read = from_json(written, allow_inf_nan=False)
+        passed = adapter.dump_json(adapter.validate_python(read)) == written
+    except (PydanticSerializationError, ValueError, ValidationError):
+        return None
+    return (data, written) if passed else None
 
 
 def _kind(kind: TypeKind | str) -> TypeKind:

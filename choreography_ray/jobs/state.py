@@ -88,6 +88,13 @@ class JobKey(_Model):
         # Keys index every hot dictionary of a host; hash the two strings directly.
         return hash((self.scope, self.namespace))
 
+    def __eq__(self, other: object) -> bool:
+        # Every batch that crosses a process brings its own equal copy of a key, so lookups
+        # compare: the two strings, not pydantic's generic comparison (several times slower).
+        if other.__class__ is JobKey:
+            return self.scope == other.scope and self.namespace == other.namespace
+        return super().__eq__(other)
+
 
 class StatusChange(_Model):
     """One entry of a status history, with the error that caused it if any."""
@@ -221,6 +228,9 @@ class JobState(_Model):
     stop_finalized: bool = False
     stopped_steps_counted: list[str] = Field(default_factory=list)
     execution_generation: int = 0
+    max_active_steps: int | None = None
+    """This job's window of active steps, given when it started (`jobs.map`); None leaves it
+    to the job class, then the options."""
     pending_drain: bool = False
     owner: JobOwner | None = None
     waiting_for_worker: WorkerWait | None = None

@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar
 
 import ray
@@ -25,7 +25,9 @@ from ..jobs.errors import (
     StartJobError,
     StartJobFailed,
 )
+from ..jobs.functions import JobFunction, StepFunction, job_class
 from ..jobs.job import Job
+from ..jobs.mapping import MapItems, MapJob, MapRequest, check_window
 from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, check_timeout
@@ -91,9 +93,9 @@ class AsyncJobs:
                     raise project_error(error, operation.what) from None
         raise AssertionError("unreachable")
 
-    async def _remember(self, job_type: type[Job[Any]], key: JobKey) -> None:
-        """Make every host know the job's module and recover the job's partition."""
-        module = job_type.__module__
+    async def _remember(self, module: str, key: JobKey) -> None:
+        """Make every host know the module that defines a job's (or a step function's) type,
+        and recover the job's partition."""
         if (module, key) in self._remembered:
             return
         config = require_config(self.namespace)
@@ -115,26 +117,78 @@ class AsyncJobs:
 
     async def start(
         self,
-        job_type: type[Job[Any]],
+        job_type: type[Job[Any]] | JobFunction[Any],
         request: BaseModel,
         *,
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> str:
-        """Start a job; returns its id once the job is durable (and its steps dispatched,
-        unless the job starts them in the background). With `job_id`, starting again returns
-        that job instead of a second one.
+        """Start a job (a `Job` class or a `@job` function); returns its id once the job is
+        durable (and its steps dispatched, unless the job starts them in the background). With
+        `job_id`, starting again returns that job instead of a second one.
 
         Without `job_id` the client names the job itself, so that asking a replaced controller
         host again cannot start a second job."""
         key = job_key(scope, namespace)
         job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        job_type = job_class(job_type)
         payload = default_registry.dump_request(request)
-        await self._remember(job_type, key)
-        operation = Start(key, job_type.name, payload, job_id)
-        started = _started(await self._ask(operation, job_type=job_type.name))
-        self._started[(key, started)] = None
+        await self._remember(job_type.__module__, key)
+        return await self._start(Start(key, job_type.name, payload, job_id))
+
+    async def map(
+        self,
+        function: StepFunction[Any],
+        items: Iterable[Any],
+        *,
+        name: str | None = None,
+        job_id: str | None = None,
+        max_active_steps: int | None = None,
+        stages: Callable[[Any], int] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> AsyncMapped:
+        """Start one durable job that runs the `@step` function once per item; returns once
+        its plan is saved (see `Jobs.map`). The items are drawn and checked here, a chunk at a
+        time, before anything is sent."""
+        window = check_window(max_active_steps)
+        mapped = MapItems.of(function, items, default_registry, stages)
+        return await self.start_map(
+            function,
+            mapped,
+            name=name,
+            job_id=job_id,
+            max_active_steps=window,
+            scope=scope,
+            namespace=namespace,
+        )
+
+    async def start_map(
+        self,
+        function: StepFunction[Any],
+        items: MapItems,
+        *,
+        name: str | None,
+        job_id: str | None,
+        max_active_steps: int | None,
+        scope: str,
+        namespace: str,
+    ) -> AsyncMapped:
+        """`map` of items already drawn and checked (`Jobs.map` draws them in its caller's
+        thread)."""
+        key = job_key(scope, namespace)
+        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        request = MapRequest(step=items.step, items=items.count, name=name or "")
+        payload = default_registry.dump_request(request)
+        await self._remember(function.__module__, key)
+        operation = Start(key, MapJob.name, payload, job_id, items, max_active_steps)
+        started = await self._start(operation)
+        return AsyncMapped(self, started, scope=scope, namespace=namespace)
+
+    async def _start(self, operation: Start) -> str:
+        started = _started(await self._ask(operation, job_type=operation.job_type))
+        self._started[(operation.key, started)] = None
         if len(self._started) > _STARTED_MEMORY:
             self._started.popitem(last=False)
         return started
@@ -288,6 +342,26 @@ class AsyncJobs:
                     return state
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+
+
+class AsyncMapped:
+    """What `AsyncJobs.map` answers: the started map job's `job_id`, and its outcome as a
+    map's caller reads it."""
+
+    def __init__(self, jobs: AsyncJobs, job_id: str, *, scope: str, namespace: str) -> None:
+        self.jobs = jobs
+        self.job_id = job_id
+        self.scope = scope
+        self.namespace = namespace
+
+    async def wait(self, *, timeout: float | None = None) -> JobState | None:  # noqa: ASYNC109
+        """Wait until the job is finished (see `AsyncJobs.wait`)."""
+        return await self.jobs.wait(
+            self.job_id, timeout=timeout, scope=self.scope, namespace=self.namespace
+        )
+
+    def __repr__(self) -> str:
+        return f"AsyncMapped(job_id={self.job_id!r})"
 
 
 def _started(result: JobStartResult) -> str:

@@ -19,24 +19,27 @@ entrypoint and a notebook whose own loop is running.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
 from ..jobs.errors import DrainOutcome, ResumeJobSuccess
+from ..jobs.functions import JobFunction, StepFunction
 from ..jobs.job import Job
+from ..jobs.mapping import MapItems, check_window
+from ..jobs.registry import default_registry
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState
 from ..placement.capability import import_failures
 from ..recovery.explicit import RehydrationSummary
 from ..storage.protocols import JobQuery, StepCounts
 from .adverts import read_adverts
-from .async_client import AsyncJobs
+from .async_client import AsyncJobs, AsyncMapped
 from .background_loop import BackgroundLoop
 from .constants import NAMESPACE
 from .directory import actor_names
 
-__all__ = ["AsyncJobs", "Jobs"]
+__all__ = ["AsyncJobs", "AsyncMapped", "Jobs", "Mapped"]
 
 
 class Jobs:
@@ -58,17 +61,53 @@ class Jobs:
 
     def start(
         self,
-        job_type: type[Job[Any]],
+        job_type: type[Job[Any]] | JobFunction[Any],
         request: BaseModel,
         *,
         job_id: str | None = None,
         scope: str = DEFAULT_SCOPE,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> str:
-        """Start a job; returns its id once the job is durable (see `AsyncJobs.start`)."""
+        """Start a job (a `Job` class or a `@job` function); returns its id once the job is
+        durable (see `AsyncJobs.start`)."""
         return _run(
             self.aio.start(job_type, request, job_id=job_id, scope=scope, namespace=namespace)
         )
+
+    def map(
+        self,
+        function: StepFunction[Any],
+        items: Iterable[Any],
+        *,
+        name: str | None = None,
+        job_id: str | None = None,
+        max_active_steps: int | None = None,
+        stages: Callable[[Any], int] | None = None,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> Mapped:
+        """Start one durable job that runs the `@step` function `function` once per item, and
+        return once its plan is saved (the steps run on; see `Mapped`).
+
+        `items` is any iterable, a generator of millions included: it is drawn here a chunk
+        at a time, each item checked to read back from JSON as given (else `StartJobFailed`,
+        INVALID_STEP_PLAN, naming the item) and kept as JSON only. `stages` gives an item's
+        stage (0 first; a stage starts once the one before it has an outcome for every item);
+        `max_active_steps` bounds the steps active at once; `name` is shown in listings. With
+        `job_id`, mapping again returns that job instead of a second one. The job is any job:
+        stop, drain, resume and remove it by its id; it keeps its results until removed."""
+        window = check_window(max_active_steps)
+        mapped = MapItems.of(function, items, default_registry, stages)  # in this thread
+        started = self.aio.start_map(
+            function,
+            mapped,
+            name=name,
+            job_id=job_id,
+            max_active_steps=window,
+            scope=scope,
+            namespace=namespace,
+        )
+        return Mapped(_run(started))
 
     def get(
         self, job_id: str, *, scope: str = DEFAULT_SCOPE, namespace: str = DEFAULT_NAMESPACE
@@ -167,6 +206,21 @@ class Jobs:
             interval=interval,
         )
         return _run(waiting)
+
+
+class Mapped:
+    """A started map job: its `job_id`, and its outcome as a map's caller reads it."""
+
+    def __init__(self, started: AsyncMapped) -> None:
+        self.aio = started
+        self.job_id = started.job_id
+
+    def wait(self, *, timeout: float | None = None) -> JobState | None:
+        """Wait until the job is finished (see `Jobs.wait`)."""
+        return _run(self.aio.wait(timeout=timeout))
+
+    def __repr__(self) -> str:
+        return f"Mapped(job_id={self.job_id!r})"
 
 
 _BACKGROUND = BackgroundLoop("choreography-client")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -197,6 +198,7 @@ class ControllerHost(Host, PreviousReleaseCalls):
             **self.autoscaling.stats(),
             **self.drains.stats(),
             "rss_kb": rss_kb(),
+            "pid": os.getpid(),
         }
 
     async def shutdown(self) -> None:

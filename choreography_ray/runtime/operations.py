@@ -22,6 +22,7 @@ from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import PackedReport, unpack_reports
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
+from ..jobs.mapping import MapItems
 from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
@@ -70,10 +71,15 @@ class Operation(ABC, Generic[R]):
 
 @dataclass(frozen=True)
 class Start(Operation[JobStartResult]):
+    """Start a job. A map job (`jobs.map`) carries its `items` as checked JSON in chunks
+    (`MapItems`), from which the host plans a step per item, and its own window."""
+
     what = "jobs.start"
     job_type: str
     request: Payload
     job_id: str
+    items: MapItems | None = None
+    max_active_steps: int | None = None
 
     async def run(self, host: Serving) -> JobStartResult:
         successor = host.successor()
@@ -83,7 +89,13 @@ class Start(Operation[JobStartResult]):
         registry = manager.ctx.registry
         job_class = registry.resolve(self.job_type, TypeKind.JOB)
         request = registry.load(self.request, TypeKind.REQUEST)
-        result = await manager.start(job_class, request, job_id=self.job_id)
+        result = await manager.start(
+            job_class,
+            request,
+            job_id=self.job_id,
+            steps=None if self.items is None else self.items.details(registry),
+            max_active_steps=self.max_active_steps,
+        )
         host.metrics.job_started(self.job_type, result.succeeded)
         return result
 

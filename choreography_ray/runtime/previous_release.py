@@ -50,6 +50,10 @@ def send_previous(operation: Operation[Any], handle: Any) -> Any:
 
 @send_previous.register
 def _start(op: Start, handle: Any) -> Any:
+    if op.items is not None or op.max_active_steps is not None:
+        raise InvalidOperationError(
+            "jobs.map is new in this release: a host of the previous release cannot start it"
+        )
     return handle.start.remote(op.key, op.job_type, op.request, op.job_id)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import ray
 
+from ..engine.limits import step_limits
 from ..engine.messages import (
     PackedStart,
     SettledStops,
@@ -22,11 +24,11 @@ from ..engine.messages import (
 from ..engine.worker import StepWorker
 from ..jobs.registry import default_registry
 from ..jobs.state import JobKey
-from .adverts import Adverts, delete_advert
+from .adverts import Adverts, delete_advert, node_of
 from .constants import worker_name
 from .dispatch import RayReporter
 from .host import Host
-from .host_process import rss_kb
+from .host_process import cluster_config, rss_kb
 from .metrics import Metrics
 from .sync_steps import RaySyncStepRunner
 
@@ -42,13 +44,20 @@ class WorkerHost(Host):
         super().__init__(namespace, node_id, worker_name(node_id, index))
         self.reporter = RayReporter(self.routes, Adverts(namespace, self.clock).of)
         self.metrics = Metrics("worker")
+        # The node's own CPUs, not this machine's: nodes of a test cluster share one machine.
+        limits = step_limits(
+            max_parallel_steps,
+            node_of(node_id)[1].get("CPU") or os.cpu_count(),
+            cluster_config(namespace).workers_per_node,
+        )
         self.worker = StepWorker(
             storage_for=self.provider.for_key,
             registry=default_registry,
             options=self.options,
             clock=self.clock,
             reporter=self.reporter,
-            max_parallel_steps=max_parallel_steps,
+            max_parallel_steps=limits.performing,
+            max_parallel_sync_steps=limits.synchronous,
             sync_runner=RaySyncStepRunner(
                 node_id,
                 ray.get_runtime_context().current_actor,
@@ -179,8 +188,10 @@ class WorkerHost(Host):
             "active_runs": self.worker.active_runs,
             "peak_parallel": self.worker.peak_parallel,
             "max_parallel_steps": self.worker.max_parallel_steps,
+            "max_parallel_sync_steps": self.worker.max_parallel_sync_steps,
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "rss_kb": rss_kb(),
+            "pid": os.getpid(),
             "ready_at": self.ready_at,
             **self.worker.writers.stats(),
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +29,9 @@ from ..engine.run_host import SyncStepRunner
 from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
 from ..jobs.errors import JobNotFoundError, NoEligibleJobWorker
+from ..jobs.functions import JobFunction, StepFunction, job_class
 from ..jobs.job import Job
+from ..jobs.mapping import MapItems, MapJob, MapRequest, check_window
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
 from ..jobs.state import JobKey, JobState, check_job_id
@@ -299,17 +301,44 @@ class InProcessCluster:
 
     async def start(
         self,
-        job_type: type[Job[Any]],
+        job_type: type[Job[Any]] | JobFunction[Any],
         request: BaseModel,
         *,
         key: JobKey | None = None,
         job_id: str | None = None,
     ) -> JobStartResult:
-        """Start a job, as `Jobs.start` does: a caller's `job_id` is checked first, so an id
-        the client would refuse is refused here too (`InvalidJobIdError`)."""
+        """Start a job (a `Job` class or a `@job` function), as `Jobs.start` does: a caller's
+        `job_id` is checked first, so an id the client would refuse is refused here too
+        (`InvalidJobIdError`)."""
         if job_id is not None:
             check_job_id(job_id)
-        return await self.manager(key).start(job_type, request, job_id=job_id)
+        return await self.manager(key).start(job_class(job_type), request, job_id=job_id)
+
+    async def map(
+        self,
+        function: StepFunction[Any],
+        items: Iterable[Any],
+        *,
+        key: JobKey | None = None,
+        job_id: str | None = None,
+        name: str | None = None,
+        max_active_steps: int | None = None,
+        stages: Callable[[Any], int] | None = None,
+    ) -> JobStartResult:
+        """Start one job with a step of `function` per item, as `Jobs.map` does: the items
+        are checked and drawn a chunk at a time (`MapItems`), then planned by the job."""
+        if job_id is not None:
+            check_job_id(job_id)
+        window = check_window(max_active_steps)
+        mapped = MapItems.of(function, items, self.registry, stages)
+        request = MapRequest(step=mapped.step, items=mapped.count, name=name or "")
+        return await self.manager(key).start(
+            MapJob,
+            request,
+            job_id=job_id,
+            steps=mapped.details(self.registry),
+            max_active_steps=window,
+        )
 
     async def settle(self) -> None:
         """Run until nothing moves on by itself: steps that finish at once have finished,

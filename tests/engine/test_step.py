@@ -26,7 +26,15 @@ from choreography_ray.jobs import (
 from choreography_ray.jobs.step import JobStep, StepContext, StepFailed
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, ScenarioRequest, request
+from .fixtures import (
+    KeyRequest,
+    KeyResult,
+    KeyState,
+    ScenarioJob,
+    ScenarioRequest,
+    SyncKeyStep,
+    request,
+)
 
 # -- steps driven command by command ----------------------------------------------------------
 
@@ -363,17 +371,23 @@ def test_when_a_run_crashes_it_continues_from_its_last_durable_checkpoint(
 # == for_JobStepThrottle =======================================================================
 
 
-@pytest.mark.parametrize(("cpus", "expected"), [(8, 7), (2, 1), (1, 1), (None, 1)])
+@pytest.mark.parametrize(
+    ("cpus", "expected", "window"), [(8, 7, 1024), (2, 1, 256), (1, 1, 128), (None, 1, 128)]
+)
 def test_when_the_throttle_is_not_configured_it_allows_one_less_than_the_cpus_and_at_least_one(
-    run, script, monkeypatch, cpus, expected
+    run, script, monkeypatch, cpus, expected, window
 ):
+    """The seed's rule holds for synchronous steps (a CPU each); async steps, which mostly
+    wait, get a window of 128 per CPU (docs/decisions.md, "Parallelism by the step's kind")."""
     monkeypatch.setattr("choreography_ray.jobs.options.os.cpu_count", lambda: cpus)
+    monkeypatch.setattr("choreography_ray.engine.worker.os.cpu_count", lambda: cpus)
     options = JobsOptions()
     cluster = InProcessCluster(options=options)
     try:
         assert options.max_parallel_steps is None
         assert options.effective_max_parallel_steps == expected
-        assert cluster.worker.max_parallel_steps == expected
+        assert cluster.worker.max_parallel_sync_steps == expected
+        assert cluster.worker.max_parallel_steps == window
     finally:
         run(cluster.close())
 
@@ -606,3 +620,89 @@ def test_the_step_context_exposes_only_what_the_docs_list_and_no_engine_internal
     assert public == DOCUMENTED_CONTEXT
     assert reached == []
     assert ctx.job_id == job_id and ctx.attempt == 1
+
+
+class _HeldSyncRunner:
+    """Synchronous work that performs until the test lets it end, one future per run. It
+    says none is in flight, so that the in-process cluster settles while they wait."""
+
+    in_flight = 0
+
+    def __init__(self) -> None:
+        self.performing = 0
+        self.peak = 0
+        self.held: list[asyncio.Future[Any]] = []
+
+    async def run(self, step: Any, state: Any, run: Any) -> Any:
+        self.performing += 1
+        self.peak = max(self.peak, self.performing)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.held.append(future)
+        try:
+            return await future
+        finally:
+            self.performing -= 1
+
+    def close(self) -> None:
+        pass
+
+
+def _sync_plan(job: Any, request: Any) -> list[Any]:
+    return [job.create_step(SyncKeyStep, KeyRequest(key=key)) for key in request.keys]
+
+
+@pytest.mark.parametrize("options", [JobsOptions()])
+def test_synchronous_steps_beyond_their_cpus_wait_prepared_not_running(run, cluster, script):
+    """The default window is wide for async steps; synchronous ones still perform no more
+    than `max_parallel_sync_steps` at once, and the others wait as prepared, not Running."""
+    runner = _HeldSyncRunner()
+    worker = cluster.worker
+    worker.sync_runner = runner
+    worker.sync_slots = asyncio.Semaphore(1)
+    script.plan_override = _sync_plan
+    assert worker.max_parallel_steps >= 128
+
+    async def scenario():
+        job_id = await started(cluster, ScenarioJob, "a", "b", "c")
+        steps = await cluster.storage().steps.get_for_job(job_id)
+        statuses = sorted(step.status for step in steps)
+        waiting = JobStepStatus.UNKNOWN  # prepared, not yet run
+        assert statuses == [waiting, waiting, JobStepStatus.RUNNING]
+        while len(runner.held) < 3 or not all(f.done() for f in runner.held):
+            pending = [f for f in runner.held if not f.done()]
+            assert len(pending) == 1, "one synchronous step performs at a time"
+            pending[0].set_result(1)
+            await cluster.settle()
+        return await cluster.wait(job_id)
+
+    state = run(scenario())
+    assert runner.peak == 1
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+@pytest.mark.parametrize("options", [JobsOptions()])
+def test_a_stop_settles_synchronous_steps_waiting_for_a_cpu_at_once(run, cluster, script):
+    runner = _HeldSyncRunner()
+    worker = cluster.worker
+    worker.sync_runner = runner
+    worker.sync_slots = asyncio.Semaphore(1)
+    script.plan_override = _sync_plan
+
+    async def scenario():
+        job_id = await started(cluster, ScenarioJob, "a", "b", "c")
+        assert len(runner.held) == 1
+        await cluster.manager().stop(job_id)
+        await cluster.settle()
+        waiting = [
+            s
+            for s in await cluster.storage().steps.get_for_job(job_id)
+            if s.status == JobStepStatus.STOPPED
+        ]
+        runner.held[0].set_result(1)  # the performing one ends when its work does
+        await cluster.settle()
+        return waiting, await cluster.wait(job_id)
+
+    waiting, state = run(scenario())
+    assert len(waiting) >= 2, "the two waiting for a CPU settled as stopped without performing"
+    assert len(runner.held) == 1
+    assert state.status == JobStatus.STOPPED

@@ -6,7 +6,7 @@ import asyncio
 
 from pydantic import BaseModel, Field
 
-from choreography_ray.jobs import Job, JobStep, StepContext, StepFailed
+from choreography_ray.jobs import Job, JobStep, StepContext, StepFailed, step
 
 
 class FanOut(BaseModel):
@@ -131,3 +131,17 @@ def kill_hosts(namespace: str = "choreography", *, workers: bool = False) -> Non
             time.sleep(0.05)
         else:
             raise AssertionError(f"{name} still runs")
+
+
+@step(name="ray-tests.triple", num_cpus=0.5)
+def triple(value: int) -> int:
+    """A plain def step function: each item runs as a Ray task."""
+    if value < 0:
+        raise ValueError(f"negative: {value}")
+    return value * 3
+
+
+@step(name="ray-tests.halve")
+async def halve(value: int, ctx: StepContext) -> float:
+    ctx.progress(100, f"attempt {ctx.attempt}")
+    return value / 2

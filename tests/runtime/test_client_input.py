@@ -75,7 +75,7 @@ class OfflineClient(AsyncJobs):
         answer = self.answers[kind]
         return answer(operation) if callable(answer) else answer
 
-    async def _remember(self, job_type: Any, key: JobKey) -> None:
+    async def _remember(self, module: str, key: JobKey) -> None:
         if Start not in self.answers:
             raise AssertionError("start reached the cluster")
 

@@ -59,9 +59,9 @@ def test_a_client_reads_the_configuration_once_per_module_and_partition(monkeypa
     monkeypatch.setattr(async_client, "require_config", read)
     jobs = AsyncJobs("client-tests")
     for _ in range(3):
-        asyncio.run(jobs._remember(GaugeJob, JobKey()))
+        asyncio.run(jobs._remember(GaugeJob.__module__, JobKey()))
     assert reads == ["client-tests"]
-    asyncio.run(jobs._remember(GaugeJob, JobKey(namespace="other")))  # another partition
+    asyncio.run(jobs._remember(GaugeJob.__module__, JobKey(namespace="other")))  # another partition
     assert len(reads) == 2
 
 

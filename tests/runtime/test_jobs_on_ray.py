@@ -21,7 +21,7 @@ from choreography_ray.jobs import (
 )
 
 from .conftest import ROOT
-from .ray_jobs import FanOut, FanOutJob, SquaresJob, gate
+from .ray_jobs import FanOut, FanOutJob, SquaresJob, gate, halve, triple
 
 POSTGRES_ENV = "CHOREOGRAPHY_TEST_POSTGRES_URL"
 
@@ -63,6 +63,24 @@ def test_a_job_runs_to_completion(jobs):
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert state.progress.successful_steps == 20
     assert [s.successful_steps for s in state.progress.stages] == [10, 10]
+
+
+def test_a_map_of_step_functions_runs_each_item(jobs):
+    """`jobs.map` over a generator: a plain def (Ray tasks) with a failing item, and an async
+    def in two stages; both durable jobs kept with their outcomes."""
+    tripled = jobs.map(triple, (n if n != 4 else -n for n in range(10)), name="triple")
+    halved = jobs.map(halve, range(6), stages=lambda n: n % 2, max_active_steps=2)
+    state = tripled.wait(timeout=60)
+    assert state.status == JobStatus.COMPLETED_WITH_FAILURES
+    assert (state.progress.successful_steps, state.progress.failed_steps) == (9, 1)
+    assert state.details == "triple"
+    state = halved.wait(timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert [s.successful_steps for s in state.progress.stages] == [3, 3]
+    assert state.max_active_steps == 2
+    again = jobs.map(halve, range(6), job_id=halved.job_id)
+    assert again.job_id == halved.job_id
+    assert jobs.step_counts(halved.job_id).total == 6
 
 
 def test_a_failing_step_completes_the_job_with_failures(jobs):

@@ -13,6 +13,8 @@ import pytest
 from choreography_ray.engine.job import JobStartResult
 from choreography_ray.jobs import InvalidOperationError, OwnedElsewhereError
 from choreography_ray.jobs.errors import DrainJobResult, DrainOutcome, ResumeJobSuccess
+from choreography_ray.jobs.mapping import MapItems
+from choreography_ray.jobs.registry import Payload
 from choreography_ray.jobs.state import JobKey
 from choreography_ray.runtime.controller_host import ControllerHost
 from choreography_ray.runtime.operations import (
@@ -232,6 +234,13 @@ def test_a_request_the_previous_release_lacks_is_refused_by_name():
         send_previous(Newer(KEY), Recorder(PREVIOUS_METHODS))
 
 
+def test_a_map_start_is_not_sent_to_a_host_of_the_previous_release():
+    """That release would start the map job without its items (and has no map jobs)."""
+    mapped = Start(KEY, "choreography.map", Payload(type="t", data={}), "j", MapItems(step="s"))
+    with pytest.raises(InvalidOperationError, match=r"jobs\.map is new in this release"):
+        send_previous(mapped, Recorder(PREVIOUS_METHODS))
+
+
 def test_a_start_answers_the_managers_result_typed():
     """Start resolves the type names through the manager's registry (a unit check of the one
     request that does more than call the manager)."""
@@ -253,8 +262,11 @@ def test_a_start_answers_the_managers_result_typed():
     class Manager:
         ctx = type("Ctx", (), {"registry": Registry()})()
 
-        async def start(self, job_class: Any, request: Any, *, job_id: str) -> JobStartResult:
+        async def start(
+            self, job_class: Any, request: Any, *, job_id: str, steps: Any, max_active_steps: Any
+        ) -> JobStartResult:
             assert (job_class, request) == ("class a-job", "typed request")
+            assert (steps, max_active_steps) == (None, None)  # a job that plans its own steps
             return JobStartResult(job_id=job_id)
 
     class Host:
