@@ -62,14 +62,19 @@ def on_interrupt(line: str) -> None:
 
 class _Commands(TyperGroup):
     """Every command: Ctrl-C at any moment prints one line and exits 130, never a traceback
-    nor a bare "Aborted"."""
+    nor a bare "Aborted"; and a command that reads storage itself prints its final error as
+    one line, without the retries' warnings before it."""
 
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        storage_log = logging.getLogger("choreography_ray.storage")
+        storage_log.addFilter(not_a_retry)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             errors.print("\n" + _INTERRUPTED["line"], highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        finally:
+            storage_log.removeFilter(not_a_retry)
 
 
 app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Durable jobs on Ray.")
@@ -82,10 +87,6 @@ app.add_typer(jobs_app, name="jobs")
 # by accident; a style is given as one (`style=`, or `Text`).
 console = Console(markup=False)
 errors = Console(stderr=True, markup=False)
-
-# A command that reads storage itself prints its final error as one line; the retries
-# before it stay out of the terminal.
-logging.getLogger("choreography_ray.storage").addFilter(not_a_retry)
 _debug = {"on": bool(os.environ.get(DEBUG_ENV))}
 
 StorageOption = Annotated[
