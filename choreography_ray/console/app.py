@@ -13,14 +13,15 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..jobs.errors import ChoreographyError, JobNotFoundError
+from ..jobs.errors import ChoreographyError, JobNotFoundError, RecordNotFoundError
 from ..jobs.options import option_error
-from ..jobs.state import JobKey
-from ..jobs.status import JobStatus
+from ..jobs.state import JobKey, utc
+from ..jobs.status import FAILED_STEP_STATUSES, JobStatus
 from ..storage.codec import check_id
 from ..storage.retry import one_line
 from ..storage.step_query import StepCursor, StepOrder, StepQuery
@@ -52,11 +53,18 @@ class ConsoleSettings:
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
+FAILED_SHOWN = 10
+"""How many failed steps a job's page lists above everything else."""
+
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
 ACTIONS_KEY: web.AppKey[JobActions | None] = web.AppKey("actions")
 CLUSTER_KEY: web.AppKey[ClusterView | None] = web.AppKey("cluster")
 TOKEN: web.AppKey[str] = web.AppKey("token", str)
+
+
+FAILED_FIRST = StepQuery(statuses=FAILED_STEP_STATUSES, order=StepOrder.CHANGED, take=FAILED_SHOWN)
+"""The failed steps a job's page opens with: the latest failures first."""
 
 
 class BadInput(ValueError):
@@ -80,6 +88,7 @@ def create_app(
     app.router.add_get("/jobs", _jobs)
     app.router.add_get("/jobs/{job_id}", _job)
     app.router.add_get("/jobs/{job_id}/steps", _steps)
+    app.router.add_get("/jobs/{job_id}/steps/{step_id}", _step)
     app.router.add_post("/jobs/{job_id}/{action}", _action)
     app.router.add_get("/cluster", _cluster)
     return app
@@ -116,6 +125,20 @@ def _int(request: web.Request, name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise BadInput(f"{name} must be a whole number (got {raw!r})") from None
+
+
+def _time(request: web.Request, name: str) -> datetime | None:
+    """A time of the query string, as a date or an ISO date and time (UTC unless it says)."""
+    raw = request.query.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return utc(datetime.fromisoformat(raw))
+    except ValueError:
+        raise BadInput(
+            f"{name} must be a date or a date and time, as 2026-05-01 or 2026-05-01T12:30 "
+            f"(got {raw!r})"
+        ) from None
 
 
 def _key(request: web.Request) -> JobKey:
@@ -161,7 +184,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException:
         raise
-    except JobNotFoundError as error:
+    except (JobNotFoundError, RecordNotFoundError) as error:
         return _render(
             request, "Not found", f'<p class="error">{e(error.message)}</p>', live=False, status=404
         )
@@ -200,6 +223,10 @@ async def _jobs(request: web.Request) -> web.Response:
         type=request.query.get("type", "").strip() or None,
         page=_int(request, "page", 0),
         size=_int(request, "size", settings.page_size),
+        id_prefix=request.query.get("id", "").strip(),
+        created_after=_time(request, "from"),
+        created_before=_time(request, "to"),
+        oldest_first=request.query.get("order", "") == "oldest",
     )
     reader = request.app[READER]
     found = await reader.jobs(wanted)
@@ -242,8 +269,15 @@ async def _job_response(
         can_drain=actions is not None and actions.can_drain,
         token=request.app[TOKEN],
     )
+    failed = await reader.steps(key, job.id, FAILED_FIRST)
     body = pages.job_page(
-        job, counts, pages.now_utc(), actions=form, message=message, problem=problem
+        job,
+        counts,
+        pages.now_utc(),
+        actions=form,
+        failed=failed,
+        message=message,
+        problem=problem,
     )
     return _render(request, f"Job {job_id}", body, live=not job.is_finished, status=status)
 
@@ -280,6 +314,17 @@ async def _steps(request: web.Request) -> web.Response:
     body = pages.steps_page(job, query, found, pages.now_utc())
     filters = pages.steps_filters(job, query)
     return _render(request, f"Steps of {job.id}", body, live=not job.is_finished, filters=filters)
+
+
+async def _step(request: web.Request) -> web.Response:
+    reader = request.app[READER]
+    key, job_id = _key(request), _job_id(request)
+    step_id = check_id(request.match_info["step_id"], "step id")
+    job = await reader.job(key, job_id)
+    step = await reader.step(key, job.id, step_id)
+    body = pages.step_page(job, step, pages.now_utc())
+    live = not job.is_finished
+    return _render(request, f"Step {step_id} of {job.id}", body, live=live)
 
 
 async def _cluster(request: web.Request) -> web.Response:

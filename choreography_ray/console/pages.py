@@ -15,6 +15,7 @@ from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
 from ..storage.protocols import StepCounts
 from ..storage.step_query import StepOrder, StepQuery
 from .html import bar, duration, e, key_params, path, url, when
+from .pace import chart, pace_text
 from .ports import ACTIONS, ClusterSnapshot
 from .reader import (
     FAILED_STEPS,
@@ -33,7 +34,9 @@ _NO_STAGES = (
     "finished without keeping them</td></tr>"
 )
 
-STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
+STEP_STATUSES = [s for s in JobStepStatus if s not in (JobStepStatus.UNKNOWN, JobStepStatus.FAILED)]
+"""The statuses a steps page filters by one at a time: `prepared` stands for UNKNOWN, and
+`failed` for FAILED with COMPLETED_WITH_FAILURE."""
 
 
 def status_name(status: int) -> str:
@@ -55,15 +58,27 @@ def _options(selected: str, names: Iterable[str]) -> str:
     return "".join(out)
 
 
+def _moment(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
 def jobs_filters(wanted: JobFilter) -> str:
     status = next(iter(wanted.statuses)).name if len(wanted.statuses) == 1 else ""
+    order = "oldest" if wanted.oldest_first else ""
     return (
-        '<form method="get" action="/jobs">'
+        '<form method="get" action="/jobs" class="job-filters">'
+        f'id <input name="id" value="{e(wanted.id_prefix)}" size="16" '
+        'placeholder="id or prefix" aria-label="job id or prefix"> '
         f'scope <input name="scope" value="{e(wanted.key.scope)}" size="12"> '
         f'namespace <input name="namespace" value="{e(wanted.key.namespace)}" size="12"> '
         f'status <select name="status">{_options(status, (s.name for s in JobStatus))}</select> '
         f'type <input name="type" value="{e(wanted.type or "")}" size="18"> '
+        f'created from <input name="from" type="datetime-local" '
+        f'value="{_moment(wanted.created_after)}" aria-label="created from (UTC)"> '
+        f'to <input name="to" type="datetime-local" value="{_moment(wanted.created_before)}" '
+        'aria-label="created before (UTC)"> '
         f'<input type="hidden" name="size" value="{wanted.size}">'
+        f'<input type="hidden" name="order" value="{order}">'
         '<button type="submit">Filter</button></form>'
     )
 
@@ -101,8 +116,8 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         rows.append(
             f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
             f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
-            f'<td class="status">{e(status_text(job))}</td>'
-            f"<td>{bar(job.progress.done_steps, p.total_steps, failed)}</td>"
+            f'<td class="status">{job_badge(job)}</td>'
+            f"<td>{bar(p.done_steps, p.total_steps, failed)}</td>"
             f"<td>{e(when(job.created))}</td>"
             f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
         )
@@ -110,16 +125,27 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         **key_params(wanted.key),
         "status": ",".join(s.name for s in sorted(wanted.statuses)),
         "type": wanted.type or "",
+        "id": wanted.id_prefix,
+        "from": _moment(wanted.created_after),
+        "to": _moment(wanted.created_before),
         "size": wanted.size,
+        "order": "oldest" if wanted.oldest_first else "",
     }
+    turned = url("/jobs", {**params, "order": "" if wanted.oldest_first else "oldest"})
+    arrow = "▴ oldest first" if wanted.oldest_first else "▾ newest first"
+    created = (
+        f'<a href="{e(turned)}" title="sort the other way">created (UTC)</a> '
+        f'<span class="muted">{arrow}</span>'
+    )
     table = (
         "<table><thead><tr><th>id</th><th>type</th><th>status</th><th>progress</th>"
-        "<th>created (UTC)</th><th>age</th></tr></thead><tbody>"
+        f"<th>{created}</th><th>age</th></tr></thead><tbody>"
         + ("".join(rows) or '<tr><td colspan="6" class="muted">no jobs</td></tr>')
         + "</tbody></table>"
     )
     title = f"<h1>Jobs in {e(wanted.key.scope)}/{e(wanted.key.namespace)}</h1>"
-    return title + table + _pager("/jobs", params, found, ("newer", "older"))
+    labels = ("older", "newer") if wanted.oldest_first else ("newer", "older")
+    return title + table + _pager("/jobs", params, found, labels)
 
 
 def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
@@ -175,12 +201,98 @@ def _facts(rows: list[tuple[str, str]]) -> str:
     return f'<table class="facts">{body}</table>'
 
 
+def failed_steps(job: JobState, failed: StepListing) -> str:
+    """The job's failed steps, the latest first, each with its error and a link to it: what
+    an operator opens the page for."""
+    if not failed.steps:
+        return ""
+    rows = "".join(
+        f'<li data-failed-step="{e(step.id)}"><a href="{e(step_link(job, step.id))}">'
+        f"<code>{e(step.id)}</code></a> {e(step.name)} {step_badge(step.status)} "
+        f"attempt {step.attempt}{step_error(step)}</li>"
+        for step in failed.steps
+    )
+    more = ""
+    if failed.total > len(failed.steps):
+        target = url(path("jobs", job.id, "steps"), {**key_params(job.key), "status": "failed"})
+        more = f'<p><a href="{e(target)}">all {failed.total} failed steps →</a></p>'
+    return (
+        f'<section class="failures"><h2>Failed steps ({failed.total})</h2>'
+        f'<ol class="failed-steps">{rows}</ol>{more}</section>'
+    )
+
+
+def history_rows(job: JobState) -> str:
+    """The status history as the story it tells: each change, the host that made it, and what
+    it means beside the one before (a recovery on another host, a resume after a stop or an
+    interruption), with a quarantine where it began."""
+    rows: list[tuple[datetime, str]] = []
+    before: int | None = None
+    before_host = ""
+    for change in job.status_changes:
+        event = _event(before, before_host, change.status, change.host)
+        why = "; ".join(change.exception_messages)
+        trace = (
+            f"<details><summary>stack trace</summary><pre>{e(change.exception_stack_trace)}"
+            "</pre></details>"
+            if change.exception_stack_trace
+            else ""
+        )
+        rows.append(
+            (
+                change.occurred,
+                f"<tr><td>{e(when(change.occurred))}</td><td>{e(status_name(change.status))}</td>"
+                f"<td>{e(change.host)}</td><td>{e(event)}</td><td>{e(why)}{trace}</td></tr>",
+            )
+        )
+        before, before_host = change.status, change.host or before_host
+    quarantine = job.quarantine
+    if quarantine is not None:
+        rows.append(
+            (
+                quarantine.since,
+                f"<tr><td>{e(when(quarantine.since))}</td><td>QUARANTINED</td><td></td>"
+                f"<td>quarantined after {quarantine.attempts} recovery attempts in a row</td>"
+                f"<td>{e(quarantine.reason)}</td></tr>",
+            )
+        )
+    return "".join(row for _, row in sorted(rows, key=lambda item: item[0]))
+
+
+def _event(before: int | None, before_host: str, status: int, host: str) -> str:
+    """What a change means after the one before it (`before`, made on `before_host`, the last
+    host named so far)."""
+    if before is None:
+        return "created"
+    moved = bool(host and before_host and host != before_host)
+    if status == JobStatus.RUNNING and before == JobStatus.RUNNING:
+        if moved:
+            return f"recovered on {host}: the owner changed from {before_host}"
+        return "resumed by a new activation after an interruption"
+    if status == JobStatus.RUNNING and before == JobStatus.STOPPED:
+        return "resumed" + (f" on {host}" if moved else "")
+    if status == JobStatus.STOPPED:
+        return "stopped"
+    if status == JobStatus.REMOVING:
+        return "removal requested"
+    if moved:
+        return f"owner changed from {before_host} to {host}"
+    return ""
+
+
+def stage_state(stage: JobStageProgress) -> str:
+    if stage.is_completed and stage.total_steps:
+        return "finished"
+    return "started" if stage.is_started else "not started"
+
+
 def job_page(
     job: JobState,
     counts: StepCounts,
     now: datetime,
     *,
     actions: str,
+    failed: StepListing | None = None,
     message: str = "",
     problem: str = "",
 ) -> str:
@@ -192,7 +304,7 @@ def job_page(
     if job.owner is not None:
         lease = job.owner.lease_expires
         lease_text = f", lease until {when(lease)} UTC" if lease is not None else ""
-        if lease is not None and lease < now:
+        if lease is not None and lease < now and not ended:
             lease_text += " (expired)"
         owner = f"{e(job.owner.host)} (activation {job.owner.activation_epoch}{e(lease_text)})"
     if job.has_stored_step_plan:
@@ -222,10 +334,12 @@ def job_page(
     request = e(job.request.model_dump_json() if job.request is not None else "")
     facts = _facts(
         [
-            ("status", f'<span class="status">{e(_status(job))}</span>'),
+            ("status", f'<span class="status">{job_badge(job)}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
             ("progress", bar(p.done_steps, p.total_steps, p.failed_steps + p.unreachable_steps)),
+            ("pace", e(pace_text(job, now)) if not ended else '<span class="muted">—</span>'),
+            ("over time", chart(job, now)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),
             ("running for" if not ended else "ran for", e(duration(elapsed))),
@@ -239,7 +353,7 @@ def job_page(
         ]
     )
     stages = "".join(
-        f"<tr><td>{s.stage}</td><td>{'started' if s.is_started else 'not started'}</td>"
+        f"<tr><td>{s.stage}</td><td>{stage_state(s)}</td>"
         f"<td>{_stage_bar(s)}</td>"
         f'<td class="num">{s.successful_steps}</td><td class="num">{s.failed_steps}</td>'
         f'<td class="num">{s.unreachable_steps}</td></tr>'
@@ -248,23 +362,12 @@ def job_page(
     key = key_params(job.key)
     count_rows = "".join(
         f'<tr><td><a href="{e(url(path("jobs", job.id, "steps"), {**key, "status": s.name}))}">'
-        f'{e(s.name.lower())}</a></td><td class="num">{n}</td></tr>'
+        f'{e(step_status_name(s).lower())}</a></td><td class="num">{n}</td></tr>'
         for s, n in sorted(counts.items())
     )
     if counts.unreadable:
         count_rows += f'<tr><td>unreadable</td><td class="num">{counts.unreadable}</td></tr>'
-    history = "".join(
-        f"<tr><td>{e(when(c.occurred))}</td><td>{e(status_name(c.status))}</td>"
-        f"<td>{e('; '.join(c.exception_messages))}"
-        + (
-            f"<details><summary>stack trace</summary><pre>{e(c.exception_stack_trace)}</pre>"
-            "</details>"
-            if c.exception_stack_trace
-            else ""
-        )
-        + "</td></tr>"
-        for c in job.status_changes
-    )
+    history = history_rows(job)
     notices = ""
     if message:
         notices += f'<p class="notice">{e(message)}</p>'
@@ -272,15 +375,17 @@ def job_page(
         notices += f'<p class="error">{e(problem)}</p>'
     steps_link = url(path("jobs", job.id, "steps"), key)
     return (
-        f"<h1>Job <code>{e(job.id)}</code></h1>{notices}{actions}{facts}"
+        f"<h1>Job <code>{e(job.id)}</code> {job_badge(job)}</h1>{notices}{actions}"
+        f"{failed_steps(job, failed) if failed is not None else ''}{facts}"
         "<h2>Stages</h2><table><thead><tr><th>stage</th><th></th><th>progress</th>"
         "<th>succeeded</th><th>failed</th><th>unreachable</th></tr></thead>"
         f"<tbody>{stages or _NO_STAGES}</tbody></table>"
         f'<h2>Steps by status <a href="{e(steps_link)}">(all steps)</a></h2>'
         f"<table><tbody>{count_rows or '<tr><td class=muted>no step records</td></tr>'}"
         f"</tbody></table>"
-        "<h2>Status history</h2><table><thead><tr><th>when (UTC)</th><th>status</th>"
-        f"<th>why</th></tr></thead><tbody>{history}</tbody></table>"
+        '<h2>History</h2><table class="history"><thead><tr><th>when (UTC)</th><th>status</th>'
+        f"<th>host</th><th>what happened</th><th>why</th></tr></thead><tbody>{history}</tbody>"
+        "</table>"
     )
 
 
@@ -403,6 +508,64 @@ def steps_page(job: JobState, query: StepQuery, found: StepListing, now: datetim
         + "</tbody></table>"
         + f'<p class="pager">{" · ".join(pager)}</p>'
     )
+
+
+def step_page(job: JobState, step: JobStepState, now: datetime) -> str:
+    """One step: where it stands, its attempts and error, its checkpoint, who runs it."""
+    lease = step.lease
+    runs = '<span class="muted">no lease: not running</span>'
+    if lease is not None:
+        beat = when(lease.heartbeat)
+        age = duration((now - lease.heartbeat).total_seconds())
+        runs = (
+            f"host {e(lease.host or '—')} on node <code>{e(lease.node)}</code>, activation "
+            f"<code>{e(lease.activation)}</code>, last heartbeat {e(beat)} UTC ({e(age)} ago)"
+        )
+    decision = step.decision
+    decided = '<span class="muted">—</span>'
+    if decision is not None:
+        decided = e(
+            f"attempt {decision.attempt}: "
+            + (f"retry at {when(decision.retry_at)} UTC" if decision.retry else "final")
+        )
+    checkpoint = e(step.state.model_dump_json() if step.state is not None else "")
+    result = e(step.result.model_dump_json() if step.result is not None else "")
+    facts = _facts(
+        [
+            ("status", step_badge(step.status)),
+            ("name", e(step.name)),
+            ("type", e(step.type)),
+            ("stage", f"{step.stage} (place {step.position} in the plan)"),
+            ("attempt", f"{step.attempt} (generation {step.generation})"),
+            ("progress", e(f"{step.progress.percentage:.0f}% {step.progress.message}")),
+            ("last change", e(when(step.last_change)) + " UTC" if step.last_change else "—"),
+            ("runs on", runs),
+            ("retry decision", decided),
+            ("error", step_error(step) or '<span class="muted">none</span>'),
+            ("checkpoint", f"<code>{checkpoint}</code>"),
+            ("result", f"<code>{result}</code>" if result else '<span class="muted">—</span>'),
+        ]
+    )
+    history = "".join(
+        f"<tr><td>{e(when(c.occurred))}</td><td>{e(_step_status(c.status))}</td>"
+        f"<td>{e('; '.join(c.exception_messages))}</td></tr>"
+        for c in step.status_changes
+    )
+    back = url(path("jobs", job.id, "steps"), key_params(job.key))
+    return (
+        f'<h1>Step <code>{e(step.id)}</code> of <a href="{e(job_link(job.id, job.key))}">'
+        f"<code>{e(job.id)}</code></a></h1>{facts}"
+        "<h2>Status history</h2><table><thead><tr><th>when (UTC)</th><th>status</th>"
+        f"<th>why</th></tr></thead><tbody>{history}</tbody></table>"
+        f'<p><a href="{e(back)}">← all steps</a></p>'
+    )
+
+
+def _step_status(status: int) -> str:
+    try:
+        return step_status_name(JobStepStatus(status))
+    except ValueError:
+        return str(status)
 
 
 def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "") -> str:

@@ -9,6 +9,7 @@ end: one `count` and one `query` with `skip`/`take` per page, whatever the numbe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from ..jobs.errors import AmbiguousJobIdError, JobNotFoundError
@@ -34,13 +35,19 @@ MAX_PAGE_SIZE = 500
 
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a listing shows. `page` counts from 0, newest first."""
+    """Which jobs a listing shows. `page` counts from 0, newest first unless `oldest_first`;
+    `id_prefix` keeps the jobs whose id starts with it; `created_after` (inclusive) and
+    `created_before` (exclusive) bound their creation."""
 
     key: JobKey = field(default_factory=JobKey)
     statuses: frozenset[JobStatus] = frozenset()
     type: str | None = None
     page: int = 0
     size: int = 50
+    id_prefix: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    oldest_first: bool = False
 
     def __post_init__(self) -> None:
         check_page(self.page, self.size)
@@ -85,8 +92,20 @@ class JobsReader:
     async def jobs(self, wanted: JobFilter) -> Page[JobState]:
         """A page of jobs, newest first."""
         storage = self.provider.for_key(wanted.key)
-        query = JobQuery(type=wanted.type or None, statuses=wanted.statuses, take=0)
+        query = JobQuery(
+            type=wanted.type or None,
+            statuses=wanted.statuses,
+            id_prefix=wanted.id_prefix,
+            created_after=wanted.created_after,
+            created_before=wanted.created_before,
+            take=0,
+        )
         total = await storage.jobs.count(query)
+        if wanted.oldest_first:
+            found = await storage.jobs.query(
+                query.model_copy(update={"skip": wanted.page * wanted.size, "take": wanted.size})
+            )
+            return Page(found, total, wanted.page, wanted.size)
         end = total - wanted.page * wanted.size
         if end <= 0:
             return Page([], total, wanted.page, wanted.size)
@@ -125,6 +144,10 @@ class JobsReader:
     async def step_counts(self, key: JobKey, job_id: str, *, verify: bool = True) -> StepCounts:
         """The job's step records per status; `verify` reads each one (see `StepStore`)."""
         return await self.provider.for_key(key).steps.count_by_status(job_id, verify=verify)
+
+    async def step(self, key: JobKey, job_id: str, step_id: str) -> JobStepState:
+        """The step; `RecordNotFoundError` when the job has none of that id."""
+        return await self.provider.for_key(key).steps.get(job_id, step_id)
 
     async def steps(self, key: JobKey, job_id: str, query: StepQuery) -> StepListing:
         """A page of the job's steps (storage's paged query), with how many match in all."""

@@ -60,6 +60,25 @@ def to_micros(value: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+PROGRESS_EVERY = 10
+"""Seconds between two points of a job's progress history."""
+PROGRESS_POINTS = 60
+"""The most points a job's progress history keeps (under 1 kB of its record)."""
+
+
+def noted(history: list[tuple[int, int]], at: int, done: int) -> list[tuple[int, int]]:
+    """`history` with the point (at, done) when `PROGRESS_EVERY` seconds passed since its last
+    point (else as it is). Past `PROGRESS_POINTS`, every other point of the older half goes:
+    the recent minutes stay dense, the whole run stays covered, the size stays bounded."""
+    if history and at - history[-1][0] < PROGRESS_EVERY:
+        return history
+    points = [*history, (at, done)]
+    if len(points) > PROGRESS_POINTS:
+        half = len(points) // 2
+        points = points[:half:2] + points[half:]
+    return points
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
@@ -103,6 +122,9 @@ class StatusChange(_Model):
     occurred: datetime
     exception_messages: list[str] = Field(default_factory=list)
     exception_stack_trace: str = ""
+    host: str = ""
+    """The controller host that made the change (empty for a step's, and in records of
+    earlier releases): a change of host in a job's history is a recovery elsewhere."""
 
     _utc = field_validator("occurred")(classmethod(lambda cls, v: utc(v)))
 
@@ -244,6 +266,10 @@ class JobState(_Model):
     quarantine: Quarantine | None = None
     """Set once recovery gave up on the job: no recovery and no report activates it again
     until an explicit resume takes it out."""
+    progress_history: list[tuple[int, int]] = Field(default_factory=list)
+    """(seconds since `created`, steps done) as the job's writes saw them, at most one point
+    per `PROGRESS_EVERY` seconds and `PROGRESS_POINTS` in all, the older ones thinned: what
+    the console draws its chart and reckons its rate from."""
     version: int = 0
     """Compare-and-set token: 0 for a record never saved, then the stored version."""
 

@@ -201,6 +201,7 @@ class MemoryJobStorage(JobLookup, _Base):
     def _matching(self, query: JobQuery) -> list[tuple[str, JobRow]]:
         statuses = {int(s) for s in query.statuses}
         bound = to_micros(query.created_before) if query.created_before else None
+        start = to_micros(query.created_after) if query.created_after else None
         with self._lock:
             rows = [
                 (job_id, row)
@@ -208,6 +209,7 @@ class MemoryJobStorage(JobLookup, _Base):
                 if (query.type is None or row.type == query.type)
                 and (not statuses or row.status in statuses)
                 and (bound is None or row.created_us < bound)
+                and (start is None or row.created_us >= start)
                 and job_id.startswith(query.id_prefix)
             ]
         rows.sort(key=lambda item: (item[1].created_us, item[0]))

@@ -142,7 +142,7 @@ def test_a_job_page_shows_stages_counts_history_and_owner(console):
     job_id = start(console, "a", "b", job_id="two-steps")
     status, page = get(console, f"/jobs/{job_id}")
     assert status == 200
-    assert '<span class="status">RUNNING</span>' in page
+    assert '<span class="badge j-running">RUNNING</span>' in page
     assert 'aria-valuenow="1" aria-valuemax="2"' in page  # one of two steps done
     assert "completed_successfully" in page and "running" in page  # step counts
     assert "owner host" in page

@@ -207,6 +207,16 @@ def test_created_before_is_exclusive(run, storage, make):
     assert run(storage.jobs.count(before)) == 2
 
 
+def test_created_after_is_inclusive_and_bounds_a_range_with_created_before(run, storage, make):
+    for minute in range(5):
+        run(storage.jobs.save(make.job(f"j{minute}", created=make.at(minute))))
+    after = JobQuery(created_after=make.at(2))
+    assert _ids(run(storage.jobs.query(after))) == ["j2", "j3", "j4"]
+    between = JobQuery(created_after=make.at(1), created_before=make.at(3))
+    assert _ids(run(storage.jobs.query(between))) == ["j1", "j2"]
+    assert run(storage.jobs.count(between)) == 2
+
+
 def test_an_id_prefix_keeps_the_jobs_whose_id_starts_with_it_exactly(run, storage, make):
     ids = ["3f2a9c1e-a", "3f2a9c1e-b", "3F2A9C1E-c", "3f2b", "3f%_", "3f%x", "4"]
     for minute, job_id in enumerate(ids):

@@ -118,6 +118,8 @@ class SqlJobStorage(JobLookup, SqlRecords):
             conditions.append(jobs_table.c.status.in_(sorted(int(s) for s in query.statuses)))
         if query.created_before is not None:
             conditions.append(jobs_table.c.created < to_micros(query.created_before))
+        if query.created_after is not None:
+            conditions.append(jobs_table.c.created >= to_micros(query.created_after))
         if query.id_prefix:
             conditions.append(jobs_table.c.id >= query.id_prefix)
             conditions.append(jobs_table.c.id < query.id_prefix + PREFIX_END)
