@@ -16,7 +16,7 @@ from ..storage.protocols import StepCounts
 from ..storage.step_query import StepOrder, StepQuery
 from .html import bar, duration, e, key_params, path, url, when
 from .pace import chart, pace_text
-from .ports import ACTIONS, ClusterSnapshot
+from .ports import ACTIONS, ClusterSnapshot, HostView
 from .reader import (
     FAILED_STEPS,
     PREPARED,
@@ -581,29 +581,45 @@ def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "
         roles = ", ".join(
             r for r, on in (("controller", node.controller), ("worker", node.worker)) if on
         )
-        hosts = "<br>".join(
-            f"<code>{e(h.name)}</code> ({e(h.role)}"
-            + (f", {h.active_runs} live step activations" if h.active_runs is not None else "")
-            + (f", {h.live_jobs} live job activations" if h.live_jobs is not None else "")
-            + (f", max {h.max_parallel_steps} in parallel" if h.max_parallel_steps else "")
-            + (f", {e(h.problem)}" if h.problem else "")
-            + ")"
-            for h in node.hosts
-        )
+        hosts = "<br>".join(_host_line(h) for h in node.hosts)
+        node_id = f"<code>{e(node.node_id[:12])}</code>"
+        if node.logs_url:
+            node_id = (
+                f'<a href="{e(node.logs_url)}" title="this node in Ray\'s dashboard">{node_id}</a>'
+            )
+        labels = " ".join(f"<code>{e(k)}={e(v)}</code>" for k, v in sorted(node.labels.items()))
+        memory = f"{node.memory_bytes / 2**30:.1f} GiB" if node.memory_bytes else "—"
         rows.append(
-            f"<tr><td><code>{e(node.node_id[:12])}</code></td><td>{e(node.hostname)}</td>"
+            f"<tr><td>{node_id}</td><td>{e(node.hostname)}</td>"
             f"<td>{e(node.address)}</td><td>{'alive' if node.alive else 'dead'}</td>"
-            f'<td>{e(roles) or "—"}</td><td class="num">{node.cpus:g}</td><td>{hosts}</td></tr>'
+            f'<td>{e(roles) or "—"}</td><td class="num">{node.cpus:g}</td>'
+            f'<td class="num">{memory}</td><td>{labels or "—"}</td><td>{hosts}</td></tr>'
         )
     return (
         f'<h1>Cluster <span class="muted">(Ray namespace {e(snapshot.namespace)})</span></h1>'
         "<table><thead><tr><th>node</th><th>host name</th><th>address</th><th>state</th>"
-        "<th>roles</th><th>CPUs</th><th>hosts</th></tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
+        "<th>roles</th><th>CPUs</th><th>memory</th><th>labels</th><th>hosts</th></tr></thead>"
+        "<tbody>" + "".join(rows) + "</tbody></table>"
         f"<h2>Job modules</h2><p>{e(', '.join(snapshot.modules)) or '—'}</p>"
         f"<h2>Job types</h2><p>{e(', '.join(snapshot.job_types)) or '—'}</p>"
     )
+
+
+def _host_line(host: HostView) -> str:
+    """A host actor: its role and live figures, and a link to its logs when there is one."""
+    figures = [host.role]
+    if host.live_jobs is not None:
+        figures.append(f"{host.live_jobs} live job activations")
+    if host.active_runs is not None:
+        figures.append(f"{host.active_runs} running steps")
+    if host.max_parallel_steps:
+        figures.append(f"at most {host.max_parallel_steps} at once")
+    if host.steps_per_second is not None:
+        figures.append(f"{host.steps_per_second:,.1f} steps/s")
+    if host.problem:
+        figures.append(host.problem)
+    logs = f' <a href="{e(host.logs_url)}">logs</a>' if host.logs_url else ""
+    return f"<code>{e(host.name)}</code> ({e(', '.join(figures))}){logs}"
 
 
 def now_utc() -> datetime:

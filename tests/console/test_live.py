@@ -198,3 +198,50 @@ def test_the_jobs_page_keeps_its_search_range_and_order_in_its_links():
     assert "▴ oldest first" in page and 'rel="next"' in page
     form = pages.jobs_filters(wanted)
     assert 'name="id" value="3f2a"' in form and 'value="2026-04-30T12:00"' in form
+
+
+def test_the_cluster_page_shows_cpu_memory_labels_rates_and_dashboard_links():
+    from choreography_ray.console.ports import ClusterSnapshot, HostView, NodeView
+
+    worker = HostView(
+        "choreography_worker:n1",
+        "worker",
+        active_runs=3,
+        max_parallel_steps=8,
+        steps_per_second=12.5,
+        logs_url="http://127.0.0.1:8265/#/actors/abc",
+    )
+    controller = HostView("choreography_controller:n1", "controller", live_jobs=2)
+    node = NodeView(
+        node_id="n1" * 10,
+        address="10.0.0.5",
+        hostname="head",
+        alive=True,
+        controller=True,
+        worker=True,
+        cpus=4,
+        hosts=[controller, worker],
+        memory_bytes=8 * 2**30,
+        labels={"zone": "eu-1"},
+        logs_url="http://127.0.0.1:8265/#/cluster/nodes/n1",
+    )
+    page = pages.cluster_page(ClusterSnapshot([node], ["m"], ["t"], "ns"), "sqlite://")
+    shown = text(page)
+    assert "8.0 GiB" in shown and "zone=eu-1" in shown and ">4<" in page
+    assert "2 live job activations" in shown
+    assert "3 running steps, at most 8 at once, 12.5 steps/s" in shown
+    assert 'href="http://127.0.0.1:8265/#/actors/abc">logs</a>' in page
+    assert 'href="http://127.0.0.1:8265/#/cluster/nodes/n1"' in page
+    bare = NodeView("n2", "10.0.0.6", "w", True, False, True, 2)
+    page = pages.cluster_page(ClusterSnapshot([bare], [], [], "ns"), "sqlite://")
+    assert "logs" not in text(page) and "dashboard" not in page  # none reachable: no link
+
+
+def test_a_host_s_step_rate_is_measured_between_two_askings():
+    from choreography_ray.console.ports import StepRates
+
+    rates = StepRates()
+    assert rates.rate("w1", 100.0, 40) is None  # nothing to measure from yet
+    assert rates.rate("w1", 102.0, 70) == 15.0
+    assert rates.rate("w1", 103.0, 5) is None  # the host restarted: its count went back
+    assert rates.rate("w1", 105.0, 11) == 3.0
