@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
-from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
+from ..jobs.status import JobStatus
 from ..storage import JobQuery
 from .common import (
     EXIT_FAILED,
@@ -159,6 +159,7 @@ def jobs_show(
 
     Example: choreography jobs show 3f2a9c1e --output json
     """
+    from ..console.reader import reads_every_step
     from ..placement.capability import import_failures
     from ..runtime.arguments import check_job_id, job_key
 
@@ -167,7 +168,7 @@ def jobs_show(
 
     async def work(reader: Any, cluster: ClusterReading) -> tuple[Any, Any, Any]:
         job = await reader.job(key, job_id)  # not found: exit 3
-        thorough = verify if verify is not None else job.status not in RUNNING_JOB_STATUSES
+        thorough = verify if verify is not None else reads_every_step(job)
         counts = await reader.step_counts(key, job.id, verify=thorough)
         return job, counts, cluster.adverts()
 

@@ -28,7 +28,14 @@ from ..storage.step_query import StepCursor, StepOrder, StepQuery
 from . import pages
 from .html import e, key_params, layout, main, path, url
 from .ports import ACTIONS, ClusterView, JobActions
-from .reader import JobFilter, JobsReader, check_page, parse_status, parse_step_statuses
+from .reader import (
+    JobFilter,
+    JobsReader,
+    check_page,
+    parse_status,
+    parse_step_statuses,
+    reads_every_step,
+)
 
 log = logging.getLogger("choreography_ray.console")
 
@@ -261,7 +268,7 @@ async def _job_response(
     settings = request.app[SETTINGS]
     key, job_id = _key(request), _job_id(request)
     job = await reader.job(key, job_id)
-    counts = await reader.step_counts(key, job.id)
+    counts = await reader.step_counts(key, job.id, verify=reads_every_step(job))
     actions = request.app[ACTIONS_KEY]
     form = pages.actions_form(
         job,

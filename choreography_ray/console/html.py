@@ -102,7 +102,10 @@ SCRIPT = """
     timer = null;
     var main = document.getElementById("main");
     if (!main || main.dataset.live !== "1") { return; }
-    if (document.hidden) { return; }  // paused; showing the tab again resumes
+    if (document.hidden) {  // paused, nothing scheduled: showing the tab again resumes
+      document.body.dataset.live = "paused"; return;
+    }
+    document.body.dataset.live = "on";
     var target = new URL(window.location.href);
     target.searchParams.set("fragment", "1");
     fetch(target, {headers: {"Accept": "text/html"}})

@@ -182,6 +182,14 @@ def chosen_id(given: str, found: list[str]) -> str:
     return matching[0]
 
 
+def reads_every_step(job: JobState) -> bool:
+    """Whether a view of the job counts its steps by reading every record: for a job at rest,
+    where only reading tells the unreadable ones (it will not resume with them); not while it
+    runs, when the counts move every second and a large job's records take seconds to read
+    (counted then by the status stored beside each, from an index)."""
+    return job.status not in RUNNING_JOB_STATUSES
+
+
 def parse_status(name: str, kind: type[S]) -> S:
     """A status from its name in any case, with `-` or `_`: "running", "COMPLETED-WITH-FAILURES"."""
     try:

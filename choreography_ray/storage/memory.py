@@ -9,6 +9,7 @@ opened on the same URL in one process share the data (as two hosts share a datab
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -353,8 +354,12 @@ class MemoryJobStepStorage(StepLookup, _Base):
             )
 
     async def count_by_status(self, job_id: str, *, verify: bool = True) -> StepCounts:
-        """Always reads every record: memory keeps no type beside it, and reading is cheap."""
-        return self._codec.count_steps(self._records(job_id, None))
+        """With `verify`, reads every record; else counts the status each row keeps (a
+        150,000-step job's records take seconds to read, even here)."""
+        if verify:
+            return self._codec.count_steps(self._records(job_id, None))
+        statuses = Counter(row.status for _, row in self._rows(job_id, None))
+        return self._codec.count_statuses(statuses.items())
 
     async def remove(self, job_id: str, step_id: str) -> bool:
         check_id(job_id, "job id")

@@ -130,8 +130,10 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     job_id = result.job_id
     browser.get(f"{console.url}/jobs")
     until(browser, shows("0/4"), "the running job at 0 of 4")
+    browser.execute_script("window.notReloaded = true;")  # a reload would forget it
     release(console, "a", "b")
     until(browser, shows("2/4"), "progress advancing to 2 of 4 without a reload")
+    assert browser.execute_script("return window.notReloaded === true;")
     screenshot(browser, "console-jobs.png")
 
     click(browser, By.LINK_TEXT, job_id)
@@ -140,6 +142,9 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     # finding it and reading its text (a stale element, seen in two full runs of four).
     until(browser, shows("started"), "stage 0 started")
     until(browser, shows("2/2"), "stage 0 at 2 of 2")
+    chart = browser.find_element(By.CSS_SELECTOR, "svg.chart")
+    assert "progress over time" in chart.get_attribute("aria-label")
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
     screenshot(browser, "console-job.png")
     release(console, "c", "d")
     until(browser, shows("4/4"), "the job's page following it to 4 of 4")
@@ -252,3 +257,69 @@ def _quoted(job_id: str) -> str:
     from urllib.parse import quote
 
     return quote(job_id, safe="")
+
+
+def test_search_jobs_by_an_id_prefix(browser, console):
+    from selenium.webdriver.common.by import By
+
+    for job_id in ("nightly-2026-05-01", "nightly-2026-05-02", "weekly-2026-w18"):
+        start(console, "x", job_id=job_id)
+    browser.get(f"{console.url}/jobs")
+    until(browser, shows("weekly-2026-w18"), "every job listed")
+    field = browser.find_element(By.NAME, "id")
+    field.send_keys("nightly-2026-05-0")
+    browser.find_element(By.XPATH, "//form[@class='job-filters']//button").click()
+    until(browser, lambda d: "weekly" not in main_text(d), "only the jobs the prefix starts")
+    shown = main_text(browser)
+    assert "nightly-2026-05-01" in shown and "nightly-2026-05-02" in shown
+    assert "id=nightly-2026-05-0" in browser.current_url  # the search can be bookmarked
+
+
+def test_a_failed_step_s_error_comes_first_on_its_job_s_page(browser, console):
+    from selenium.webdriver.common.by import By
+
+    fixtures.SCRIPT.behaviour["shard-3"].raise_error = True
+    fixtures.SCRIPT.retry = False
+    job_id = start(console, *(f"shard-{n}" for n in range(6)), job_id="failing-job")
+    browser.get(f"{console.url}/jobs/{job_id}")
+    until(browser, shows("Failed steps (1)"), "the failed steps, listed")
+    first = browser.execute_script(
+        "var main = document.getElementById('main');"
+        "var failures = main.querySelector('section.failures');"
+        "var facts = main.querySelector('table.facts');"
+        "return failures.compareDocumentPosition(facts) & Node.DOCUMENT_POSITION_FOLLOWING;"
+    )
+    assert first, "the failures come before the job's facts"
+    failure = browser.find_element(By.CSS_SELECTOR, "section.failures li")
+    assert "step shard-3 broke" in failure.text
+    click(browser, By.CSS_SELECTOR, "section.failures li a")
+    until(browser, shows("Status history"), "the failed step's own page")
+    shown = main_text(browser)
+    assert "step shard-3 broke" in shown and "checkpoint" in shown and "attempt" in shown
+    screenshot(browser, "console-step.png")
+
+
+def test_live_refresh_pauses_while_the_tab_is_hidden(browser, console):
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    job_id = start(console, "slow")
+    browser.get(f"{console.url}/jobs/{job_id}")
+    until(browser, shows("RUNNING"), "the running job")
+    count = (
+        "window.asked = 0; var real = window.fetch;"
+        "window.fetch = function () { window.asked += 1; return real.apply(this, arguments); };"
+    )
+    browser.execute_script(count)
+    until(browser, lambda d: d.execute_script("return window.asked") >= 2, "refreshes")
+    hide = (
+        "Object.defineProperty(document, 'hidden', {value: %s, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange')); window.asked = 0;"
+    )
+    browser.execute_script(hide % "true")
+    paused = "return document.body.dataset.live === 'paused'"
+    until(browser, lambda d: d.execute_script(paused), "the refresh pausing")
+    # Paused, the script asks nothing and schedules nothing: the next ask is the tab's return.
+    assert browser.execute_script("return window.asked") <= 1  # one may have been under way
+    browser.execute_script("window.asked = 0;")
+    browser.execute_script(hide % "false")
+    until(browser, lambda d: d.execute_script("return window.asked") >= 1, "refreshing again")
+    release(console, "slow")
