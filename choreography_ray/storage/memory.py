@@ -358,7 +358,9 @@ class MemoryJobStepStorage(StepLookup, _Base):
         150,000-step job's records take seconds to read, even here)."""
         if verify:
             return self._codec.count_steps(self._records(job_id, None))
-        statuses = Counter(row.status for _, row in self._rows(job_id, None))
+        check_id(job_id, "job id")
+        with self._lock:
+            statuses = Counter(row.status for row in self._p.steps.get(job_id, {}).values())
         return self._codec.count_statuses(statuses.items())
 
     async def remove(self, job_id: str, step_id: str) -> bool:
