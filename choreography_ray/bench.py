@@ -53,6 +53,15 @@ async def map_sleep(n: int) -> int:
     return n
 
 
+@step(name="choreography.bench.map-spin")
+def map_spin(n: int) -> int:
+    """A synchronous step function that keeps a CPU busy for 5 ms (a Ray task on a CPU)."""
+    until = time.process_time() + 0.005
+    while time.process_time() < until:
+        pass
+    return n
+
+
 class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
     keep_after_completed = True  # the benchmark reads the step outcomes back
 

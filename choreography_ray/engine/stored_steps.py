@@ -19,7 +19,7 @@ from .run_host import payload_tuple
 def prepared_record(job_id: str, step_id: str, prepared: Prepared) -> JobStepState:
     """The record a job just prepared and stored, as it sent it with the step's first start."""
     step_type, name, stage, state_type, state_data, version = prepared[:6]
-    state = JobStepState.prepared(
+    return JobStepState.prepared(
         id=step_id,
         job_id=job_id,
         type=step_type,
@@ -27,9 +27,8 @@ def prepared_record(job_id: str, step_id: str, prepared: Prepared) -> JobStepSta
         stage=stage,
         state=trusted(Payload, type=state_type, data=state_data),
         position=prepared[6] if len(prepared) > 6 else 0,
+        version=version,
     )
-    state.version = version
-    return state
 
 
 def settled(start: StepStart, state: JobStepState) -> StartResult | None:

@@ -270,8 +270,10 @@ class JobState(_Model):
     """(seconds since `created`, steps done) as the job's writes saw them, at most one point
     per `PROGRESS_EVERY` seconds and `PROGRESS_POINTS` in all, the older ones thinned: what
     the console draws its chart and reckons its rate from."""
-    version: int = 0
-    """Compare-and-set token: 0 for a record never saved, then the stored version."""
+    version: int = Field(default=0, exclude=True)
+    """Compare-and-set token: 0 for a record never saved, then the stored version. Kept
+    beside the record, never in its JSON (excluded in the schema: an `exclude=` argument
+    per dump nearly doubled the cost of encoding a step record)."""
 
     _utc = field_validator("created")(classmethod(lambda cls, v: utc(v)))
 
@@ -293,6 +295,9 @@ class JobState(_Model):
 class JobStepProgress(_Model):
     percentage: float = 0.0
     message: str = ""
+
+
+_NO_PROGRESS = JobStepProgress()
 
 
 class StepLease(_Model):
@@ -365,7 +370,8 @@ class JobStepState(_Model):
     decision: StepDecision | None = None
     """The job's decision on the stored failed attempt; None for any other outcome, and in
     records of earlier releases (decided then as they were)."""
-    version: int = 0
+    version: int = Field(default=0, exclude=True)
+    """As `JobState.version`: beside the record, never in its JSON."""
 
     @property
     def last_change(self) -> datetime | None:
@@ -383,6 +389,7 @@ class JobStepState(_Model):
         stage: int,
         state: Payload,
         position: int = 0,
+        version: int = 0,
     ) -> JobStepState:
         """A newly prepared record, every other field at its default. Built without
         validation (the values come checked from the plan): jobs prepare thousands at once."""
@@ -396,7 +403,7 @@ class JobStepState(_Model):
             position=position,
             status=JobStepStatus.UNKNOWN,
             status_changes=[],
-            progress=trusted(JobStepProgress, percentage=0.0, message=""),
+            progress=_NO_PROGRESS,  # replaced, never changed in place: one is shared
             is_prepared=True,
             attempt=1,
             lease=None,
@@ -405,5 +412,5 @@ class JobStepState(_Model):
             result=None,
             error=None,
             decision=None,
-            version=0,
+            version=version,
         )

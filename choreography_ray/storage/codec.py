@@ -45,9 +45,6 @@ StepRecord = tuple[str, int, "str | bytes | dict[str, Any]"]
 _UNREADABLE = (MalformedRecordError, TypeRegistryError)
 """What reading a record raises when the record, not the storage, is at fault."""
 
-_JOB_EXCLUDE = {"version"}
-_STEP_EXCLUDE = {"version"}
-
 
 def check_id(value: Any, what: str) -> str:
     """Ids are non-empty strings of bounded length; anything else is a caller's mistake."""
@@ -68,10 +65,10 @@ class RecordCodec:
     # -- jobs ---------------------------------------------------------------------------------
 
     def encode_job(self, state: JobState) -> str:
-        return state.model_dump_json(exclude=_JOB_EXCLUDE)
+        return state.model_dump_json()
 
     def job_document(self, state: JobState) -> dict[str, Any]:
-        return state.model_dump(mode="json", exclude=_JOB_EXCLUDE)
+        return state.model_dump(mode="json")
 
     def decode_job(self, raw: str | bytes | dict[str, Any], version: int, job_id: str) -> JobState:
         try:
@@ -112,10 +109,10 @@ class RecordCodec:
     # -- steps --------------------------------------------------------------------------------
 
     def encode_step(self, state: JobStepState) -> str:
-        return state.model_dump_json(exclude=_STEP_EXCLUDE)
+        return state.model_dump_json()
 
     def step_document(self, state: JobStepState) -> dict[str, Any]:
-        return state.model_dump(mode="json", exclude=_STEP_EXCLUDE)
+        return state.model_dump(mode="json")
 
     def decode_step(
         self, raw: str | bytes | dict[str, Any], version: int, step_id: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -262,13 +263,20 @@ def test_a_job_state_with_every_field_populated_survives_a_json_round_trip(
     assert state.request is not None and state.plan and state.owner is not None
     assert state.quarantine is not None
     assert state.progress.stages and state.status_changes
-    assert JobState.model_validate_json(state.model_dump_json()) == state
+    assert JobState.model_validate_json(state.model_dump_json()) == _unsaved(state)
+
+
+def _unsaved(state: Any) -> Any:
+    """What a record's JSON holds: everything but its version, which storage keeps beside it
+    (a record read back takes the stored version)."""
+    assert '"version"' not in state.model_dump_json()
+    return state.model_copy(update={"version": 0})
 
 
 @FAST
 @given(job_states(versions=st.integers(0, 10_000)))
 def test_any_job_state_survives_a_json_round_trip(state: JobState) -> None:
-    assert JobState.model_validate_json(state.model_dump_json()) == state
+    assert JobState.model_validate_json(state.model_dump_json()) == _unsaved(state)
 
 
 @FAST
@@ -278,13 +286,13 @@ def test_a_step_state_with_every_field_populated_survives_a_json_round_trip(
 ) -> None:
     assert state.lease is not None and state.state is not None and state.result is not None
     assert state.error is not None and state.error.partial_result is not None
-    assert JobStepState.model_validate_json(state.model_dump_json()) == state
+    assert JobStepState.model_validate_json(state.model_dump_json()) == _unsaved(state)
 
 
 @FAST
 @given(job_step_states(versions=st.integers(0, 10_000)))
 def test_any_step_state_survives_a_json_round_trip(state: JobStepState) -> None:
-    assert JobStepState.model_validate_json(state.model_dump_json()) == state
+    assert JobStepState.model_validate_json(state.model_dump_json()) == _unsaved(state)
 
 
 @FAST
