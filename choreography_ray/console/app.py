@@ -25,7 +25,7 @@ from ..jobs.status import FAILED_STEP_STATUSES, JobStatus
 from ..storage.codec import check_id
 from ..storage.retry import one_line
 from ..storage.step_query import StepCursor, StepOrder, StepQuery
-from . import pages
+from . import pages, step_pages
 from .html import e, key_params, layout, main, path, url
 from .ports import ACTIONS, ClusterView, JobActions
 from .reader import (
@@ -282,7 +282,7 @@ async def _job_response(
         counts,
         pages.now_utc(),
         actions=form,
-        failed=failed,
+        failures=step_pages.failed_steps(job, failed),
         message=message,
         problem=problem,
     )
@@ -318,8 +318,8 @@ async def _steps(request: web.Request) -> web.Response:
     job = await reader.job(key, job_id)
     found = await reader.steps(key, job.id, query)
     # Each refresh reads one page from an index: live while the job runs, however large.
-    body = pages.steps_page(job, query, found, pages.now_utc())
-    filters = pages.steps_filters(job, query)
+    body = step_pages.steps_page(job, query, found, pages.now_utc())
+    filters = step_pages.steps_filters(job, query)
     return _render(request, f"Steps of {job.id}", body, live=not job.is_finished, filters=filters)
 
 
@@ -329,7 +329,7 @@ async def _step(request: web.Request) -> web.Response:
     step_id = check_id(request.match_info["step_id"], "step id")
     job = await reader.job(key, job_id)
     step = await reader.step(key, job.id, step_id)
-    body = pages.step_page(job, step, pages.now_utc())
+    body = step_pages.step_page(job, step, pages.now_utc())
     live = not job.is_finished
     return _render(request, f"Step {step_id} of {job.id}", body, live=live)
 

@@ -10,19 +10,15 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
-from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
+from ..jobs.state import JobKey, JobStageProgress, JobState
+from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
-from ..storage.step_query import StepOrder, StepQuery
 from .html import bar, duration, e, key_params, path, url, when
 from .pace import chart, pace_text
 from .ports import ACTIONS, ClusterSnapshot, HostView
 from .reader import (
-    FAILED_STEPS,
-    PREPARED,
     JobFilter,
     Page,
-    StepListing,
     quarantine_text,
     status_text,
     step_status_name,
@@ -33,10 +29,6 @@ _NO_STAGES = (
     '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
     "finished without keeping them</td></tr>"
 )
-
-STEP_STATUSES = [s for s in JobStepStatus if s not in (JobStepStatus.UNKNOWN, JobStepStatus.FAILED)]
-"""The statuses a steps page filters by one at a time: `prepared` stands for UNKNOWN, and
-`failed` for FAILED with COMPLETED_WITH_FAILURE."""
 
 
 def status_name(status: int) -> str:
@@ -50,7 +42,7 @@ def job_link(job_id: str, key: JobKey) -> str:
     return url(path("jobs", job_id), key_params(key))
 
 
-def _options(selected: str, names: Iterable[str]) -> str:
+def select_options(selected: str, names: Iterable[str]) -> str:
     out = ['<option value="">any</option>']
     for name in names:
         mark = " selected" if name.lower() == selected.lower() else ""
@@ -71,7 +63,8 @@ def jobs_filters(wanted: JobFilter) -> str:
         'placeholder="id or prefix" aria-label="job id or prefix"> '
         f'scope <input name="scope" value="{e(wanted.key.scope)}" size="12"> '
         f'namespace <input name="namespace" value="{e(wanted.key.namespace)}" size="12"> '
-        f'status <select name="status">{_options(status, (s.name for s in JobStatus))}</select> '
+        f'status <select name="status">{select_options(status, (s.name for s in JobStatus))}'
+        "</select> "
         f'type <input name="type" value="{e(wanted.type or "")}" size="18"> '
         f'created from <input name="from" type="datetime-local" '
         f'value="{_moment(wanted.created_after)}" aria-label="created from (UTC)"> '
@@ -196,30 +189,9 @@ def _stage_bar(stage: JobStageProgress) -> str:
     return bar(done, stage.total_steps, stage.failed_steps + stage.unreachable_steps)
 
 
-def _facts(rows: list[tuple[str, str]]) -> str:
+def facts_table(rows: list[tuple[str, str]]) -> str:
     body = "".join(f"<tr><td>{e(name)}</td><td>{value}</td></tr>" for name, value in rows)
     return f'<table class="facts">{body}</table>'
-
-
-def failed_steps(job: JobState, failed: StepListing) -> str:
-    """The job's failed steps, the latest first, each with its error and a link to it: what
-    an operator opens the page for."""
-    if not failed.steps:
-        return ""
-    rows = "".join(
-        f'<li data-failed-step="{e(step.id)}"><a href="{e(step_link(job, step.id))}">'
-        f"<code>{e(step.id)}</code></a> {e(step.name)} {step_badge(step.status)} "
-        f"attempt {step.attempt}{step_error(step)}</li>"
-        for step in failed.steps
-    )
-    more = ""
-    if failed.total > len(failed.steps):
-        target = url(path("jobs", job.id, "steps"), {**key_params(job.key), "status": "failed"})
-        more = f'<p><a href="{e(target)}">all {failed.total} failed steps →</a></p>'
-    return (
-        f'<section class="failures"><h2>Failed steps ({failed.total})</h2>'
-        f'<ol class="failed-steps">{rows}</ol>{more}</section>'
-    )
 
 
 def history_rows(job: JobState) -> str:
@@ -292,7 +264,7 @@ def job_page(
     now: datetime,
     *,
     actions: str,
-    failed: StepListing | None = None,
+    failures: str = "",
     message: str = "",
     problem: str = "",
 ) -> str:
@@ -332,7 +304,7 @@ def job_page(
     if counts.unreadable:
         state.append(f"{counts.unreadable} step record(s) cannot be read; it will not resume")
     request = e(job.request.model_dump_json() if job.request is not None else "")
-    facts = _facts(
+    facts = facts_table(
         [
             ("status", f'<span class="status">{job_badge(job)}</span>'),
             ("type", e(job.type)),
@@ -376,7 +348,7 @@ def job_page(
     steps_link = url(path("jobs", job.id, "steps"), key)
     return (
         f"<h1>Job <code>{e(job.id)}</code> {job_badge(job)}</h1>{notices}{actions}"
-        f"{failed_steps(job, failed) if failed is not None else ''}{facts}"
+        f"{failures}{facts}"
         "<h2>Stages</h2><table><thead><tr><th>stage</th><th></th><th>progress</th>"
         "<th>succeeded</th><th>failed</th><th>unreachable</th></tr></thead>"
         f"<tbody>{stages or _NO_STAGES}</tbody></table>"
@@ -389,183 +361,8 @@ def job_page(
     )
 
 
-def _step_params(job: JobState, query: StepQuery) -> dict[str, object]:
-    """A steps page's query string, its cursor aside."""
-    return {
-        **key_params(job.key),
-        "status": ",".join(sorted(step_status_name(s).lower() for s in query.statuses)),
-        "stage": "" if query.stage is None else query.stage,
-        "type": query.type or "",
-        "prefix": query.id_prefix,
-        "order": query.order.value if query.order is not StepOrder.PLAN else "",
-        "size": query.take,
-    }
-
-
-def _selected_status(query: StepQuery) -> str:
-    if query.statuses == FAILED_STEP_STATUSES:
-        return FAILED_STEPS
-    if len(query.statuses) == 1:
-        return step_status_name(next(iter(query.statuses))).lower()
-    return ""
-
-
-def steps_filters(job: JobState, query: StepQuery) -> str:
-    orders = "".join(
-        f'<option value="{o.value}"{" selected" if o is query.order else ""}>{label}</option>'
-        for o, label in ((StepOrder.PLAN, "plan order"), (StepOrder.CHANGED, "last change"))
-    )
-    names = [FAILED_STEPS, PREPARED, *(s.name for s in STEP_STATUSES)]
-    return (
-        f'<form method="get" action="{e(path("jobs", job.id, "steps"))}" class="step-filters">'
-        f'<input type="hidden" name="scope" value="{e(job.key.scope)}">'
-        f'<input type="hidden" name="namespace" value="{e(job.key.namespace)}">'
-        f'<input type="hidden" name="size" value="{query.take}">'
-        f'id <input name="prefix" value="{e(query.id_prefix)}" size="16" '
-        'placeholder="id or prefix" aria-label="step id or prefix"> '
-        f'status <select name="status">{_options(_selected_status(query), names)}</select> '
-        f'stage <input name="stage" value="{"" if query.stage is None else query.stage}" '
-        'size="3" inputmode="numeric"> '
-        f'type <input name="type" value="{e(query.type or "")}" size="16"> '
-        f'order <select name="order">{orders}</select> '
-        '<button type="submit">Filter</button></form>'
-    )
-
-
-def step_badge(status: JobStepStatus) -> str:
-    """A step's status as a coloured badge whose text says it (colour is never all)."""
-    name = step_status_name(status)
-    return f'<span class="badge s-{e(name.lower())}">{e(name)}</span>'
-
-
 def job_badge(job: JobState) -> str:
     return f'<span class="badge j-{e(job.status.name.lower())}">{e(status_text(job))}</span>'
-
-
-def step_error(step: JobStepState) -> str:
-    """The step's error messages, with its stack trace folded under them."""
-    if step.error is None or not (step.error.messages or step.error.stack_trace):
-        return ""
-    error = f'<div class="step-error">{e("; ".join(step.error.messages))}</div>'
-    if step.error.stack_trace:
-        error += (
-            "<details><summary>stack trace</summary>"
-            f"<pre>{e(step.error.stack_trace)}</pre></details>"
-        )
-    return error
-
-
-def _step_host(step: JobStepState) -> str:
-    if step.lease is None:
-        return ""
-    host = step.lease.host or step.lease.node
-    if step.status == JobStepStatus.RUNNING:
-        beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
-        host = f"{host} (heartbeat {beat})"
-    return host
-
-
-def step_link(job: JobState, step_id: str) -> str:
-    return url(path("jobs", job.id, "steps", step_id), key_params(job.key))
-
-
-def steps_page(job: JobState, query: StepQuery, found: StepListing, now: datetime) -> str:
-    rows = []
-    for step in found.steps:
-        rows.append(
-            f'<tr data-step="{e(step.id)}"><td><a href="{e(step_link(job, step.id))}">'
-            f"<code>{e(step.id)}</code></a></td>"
-            f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
-            f'<td class="status">{step_badge(step.status)}</td>'
-            f'<td class="num">{step.attempt}</td>'
-            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
-            f"<td>{e(when(step.last_change))}</td><td>{e(_step_host(step))}</td>"
-            f'<td class="trace">{step_error(step)}</td></tr>'
-        )
-    params = _step_params(job, query)
-    base = path("jobs", job.id, "steps")
-
-    def sort_link(label: str, order: StepOrder) -> str:
-        if order is query.order:
-            return f'{label} <span aria-label="sorted">▾</span>'
-        target = url(base, {**params, "order": order.value})
-        return f'<a href="{e(target)}" title="sort by {label}">{label}</a>'
-
-    pager = [f'<span class="total">{found.total} matching steps</span>']
-    if query.after is not None:
-        pager.append(f'<a rel="first" href="{e(url(base, params))}">⇤ first page</a>')
-    if found.next is not None:
-        target = url(base, {**params, "after": found.next.token()})
-        pager.append(f'<a rel="next" href="{e(target)}">next →</a>')
-    return (
-        f'<h1>Steps of <a href="{e(job_link(job.id, job.key))}"><code>{e(job.id)}</code></a>'
-        f" {job_badge(job)}</h1>"
-        "<table><thead><tr><th>id</th><th>name</th><th>type</th>"
-        f"<th>{sort_link('stage', StepOrder.PLAN)}</th><th>status</th>"
-        f"<th>attempt</th><th>progress</th><th>{sort_link('last change', StepOrder.CHANGED)}"
-        " (UTC)</th><th>host</th><th>error</th></tr></thead><tbody>"
-        + ("".join(rows) or '<tr><td colspan="10" class="muted">no steps</td></tr>')
-        + "</tbody></table>"
-        + f'<p class="pager">{" · ".join(pager)}</p>'
-    )
-
-
-def step_page(job: JobState, step: JobStepState, now: datetime) -> str:
-    """One step: where it stands, its attempts and error, its checkpoint, who runs it."""
-    lease = step.lease
-    runs = '<span class="muted">no lease: not running</span>'
-    if lease is not None:
-        beat = when(lease.heartbeat)
-        age = duration((now - lease.heartbeat).total_seconds())
-        runs = (
-            f"host {e(lease.host or '—')} on node <code>{e(lease.node)}</code>, activation "
-            f"<code>{e(lease.activation)}</code>, last heartbeat {e(beat)} UTC ({e(age)} ago)"
-        )
-    decision = step.decision
-    decided = '<span class="muted">—</span>'
-    if decision is not None:
-        decided = e(
-            f"attempt {decision.attempt}: "
-            + (f"retry at {when(decision.retry_at)} UTC" if decision.retry else "final")
-        )
-    checkpoint = e(step.state.model_dump_json() if step.state is not None else "")
-    result = e(step.result.model_dump_json() if step.result is not None else "")
-    facts = _facts(
-        [
-            ("status", step_badge(step.status)),
-            ("name", e(step.name)),
-            ("type", e(step.type)),
-            ("stage", f"{step.stage} (place {step.position} in the plan)"),
-            ("attempt", f"{step.attempt} (generation {step.generation})"),
-            ("progress", e(f"{step.progress.percentage:.0f}% {step.progress.message}")),
-            ("last change", e(when(step.last_change)) + " UTC" if step.last_change else "—"),
-            ("runs on", runs),
-            ("retry decision", decided),
-            ("error", step_error(step) or '<span class="muted">none</span>'),
-            ("checkpoint", f"<code>{checkpoint}</code>"),
-            ("result", f"<code>{result}</code>" if result else '<span class="muted">—</span>'),
-        ]
-    )
-    history = "".join(
-        f"<tr><td>{e(when(c.occurred))}</td><td>{e(_step_status(c.status))}</td>"
-        f"<td>{e('; '.join(c.exception_messages))}</td></tr>"
-        for c in step.status_changes
-    )
-    back = url(path("jobs", job.id, "steps"), key_params(job.key))
-    return (
-        f'<h1>Step <code>{e(step.id)}</code> of <a href="{e(job_link(job.id, job.key))}">'
-        f"<code>{e(job.id)}</code></a></h1>{facts}"
-        "<h2>Status history</h2><table><thead><tr><th>when (UTC)</th><th>status</th>"
-        f"<th>why</th></tr></thead><tbody>{history}</tbody></table>"
-        f'<p><a href="{e(back)}">← all steps</a></p>'
-    )
-
-
-def _step_status(status: int) -> str:
-    try:
-        return step_status_name(JobStepStatus(status))
-    except ValueError:
-        return str(status)
 
 
 def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "") -> str:

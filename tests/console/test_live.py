@@ -9,7 +9,7 @@ import itertools
 import re
 from datetime import UTC, datetime, timedelta
 
-from choreography_ray.console import pages
+from choreography_ray.console import pages, step_pages
 from choreography_ray.console.pace import pace, pace_text
 from choreography_ray.console.reader import JobFilter, Page, StepListing
 from choreography_ray.jobs.registry import Payload
@@ -106,12 +106,13 @@ def test_a_job_s_failed_steps_come_first_with_their_errors_and_links():
         12,
         None,
     )
-    page = pages.job_page(job(), StepCounts(), NOW, actions="", failed=failed)
+    failures = step_pages.failed_steps(job(), failed)
+    page = pages.job_page(job(), StepCounts(), NOW, actions="", failures=failures)
     assert page.index("Failed steps (12)") < page.index('class="facts"')
     assert "disk &lt;full&gt;" in page and "<summary>stack trace</summary>" in page
     assert 'href="/jobs/reindex/steps/shard-07?scope=default&amp;namespace=default"' in page
     assert "all 12 failed steps →" in page
-    assert "Failed steps" not in pages.job_page(job(), StepCounts(), NOW, actions="")
+    assert step_pages.failed_steps(job(), StepListing([], 0, None)) == ""
 
 
 def test_a_step_page_shows_its_attempt_error_checkpoint_lease_and_node():
@@ -130,7 +131,7 @@ def test_a_step_page_shows_its_attempt_error_checkpoint_lease_and_node():
             StatusChange(status=int(JobStepStatus.RUNNING), occurred=NOW - timedelta(minutes=1))
         ],
     )
-    shown = html.unescape(text(pages.step_page(job(), running, NOW)))
+    shown = html.unescape(text(step_pages.step_page(job(), running, NOW)))
     assert "RUNNING" in shown and "2 (generation 0)" in shown and "1 (place 7 in the plan)" in shown
     assert "host w1 on node node-a1 , activation act-9" in shown and "(3s ago)" in shown
     assert "timed out" in shown and '"done":41' in shown
@@ -171,15 +172,14 @@ def test_finished_stages_say_so_and_a_finished_job_s_lease_is_not_expired():
 
 
 def test_status_badges_carry_their_status_as_text():
-    assert (
-        pages.step_badge(JobStepStatus.UNKNOWN) == '<span class="badge s-prepared">PREPARED</span>'
-    )
-    assert ">FAILED<" in pages.step_badge(JobStepStatus.FAILED)
+    prepared = '<span class="badge s-prepared">PREPARED</span>'
+    assert step_pages.step_badge(JobStepStatus.UNKNOWN) == prepared
+    assert ">FAILED<" in step_pages.step_badge(JobStepStatus.FAILED)
 
 
 def test_the_steps_filter_offers_each_status_once_and_keeps_the_query():
     query = StepQuery(id_prefix="shard-0", stage=1, order=StepOrder.CHANGED, take=25)
-    form = pages.steps_filters(job(), query)
+    form = step_pages.steps_filters(job(), query)
     values = re.findall(r'<option value="([^"]*)"', form)
     assert len(values) == len(set(values)) and "failed" in values and "prepared" in values
     assert 'name="prefix" value="shard-0"' in form and 'name="stage" value="1"' in form
