@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import cluster, console, jobs, runs, views  # noqa: F401 - each registers its commands
+from . import cluster, console, jobs, results, runs, views  # noqa: F401 - each registers its commands
 from .common import app
 
 

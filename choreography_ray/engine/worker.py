@@ -296,13 +296,14 @@ class StepWorker:
     def _pump(self) -> None:
         """Add runners while runs wait and slots are free; each runner takes run after run
         from the queue, so a task is made per slot, not per run."""
-        if self.closed or self.writers.holding_back:
+        wanted = min(
+            len(self._queue) - (self._runners - self._performing),  # runs no runner awaits
+            self.max_parallel_steps - self._runners,
+        )
+        if wanted <= 0 or self.closed or self.writers.holding_back:  # the cheap test first
             return
         loop = asyncio.get_running_loop()
-        while (
-            self._runners - self._performing < len(self._queue)  # runners yet to take a run
-            and self._runners < self.max_parallel_steps
-        ):
+        for _ in range(wanted):
             self._runners += 1
             self._spawn(self._runner(), loop)
 

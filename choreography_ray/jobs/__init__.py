@@ -17,6 +17,7 @@ from .job import (
 from .mapping import MapJob  # noqa: F401 - registered here, so every host runs map jobs
 from .options import JobsOptions, parse_duration
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
+from .results import GATHER_LIMIT, ItemResult
 from .retry import RetryPolicy
 from .state import (
     DEFAULT_NAMESPACE,
@@ -65,6 +66,9 @@ __all__ = [
     "StepRequest",
     "job",
     "step",
+    # results
+    "GATHER_LIMIT",
+    "ItemResult",
     # options
     "JobsOptions",
     "RetryPolicy",

@@ -29,6 +29,7 @@ from ..jobs.functions import JobFunction, StepFunction, job_class
 from ..jobs.job import Job
 from ..jobs.mapping import MapItems, MapJob, MapRequest, check_window
 from ..jobs.registry import default_registry
+from ..jobs.results import ItemResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, check_timeout
 from ..storage.protocols import JobQuery, StepCounts
@@ -52,6 +53,7 @@ from .operations import (
 )
 from .packages import runtime_packages
 from .remote import is_host_gone, project_error
+from .results import ResultCalls
 from .wire import send
 
 T = TypeVar("T")
@@ -63,8 +65,9 @@ _STARTED_MEMORY = 10_000
 """How many ids of jobs it started a client remembers, to tell "cleared" from "never was"."""
 
 
-class AsyncJobs:
-    """Start, watch, stop, resume and remove jobs, as coroutines: the client itself."""
+class AsyncJobs(ResultCalls):
+    """Start, watch, stop, resume and remove jobs, and read a map's results, as coroutines:
+    the client itself."""
 
     def __init__(self, namespace: str = NAMESPACE) -> None:
         self.namespace = namespace
@@ -358,6 +361,13 @@ class AsyncMapped:
         """Wait until the job is finished (see `AsyncJobs.wait`)."""
         return await self.jobs.wait(
             self.job_id, timeout=timeout, scope=self.scope, namespace=self.namespace
+        )
+
+    def as_completed(self, *, interval: float = 0.25) -> AsyncGenerator[ItemResult, None]:
+        """Each item's `(index, result or ItemFailed)` as it is stored (see
+        `AsyncJobs.as_completed`)."""
+        return self.jobs.as_completed(
+            self.job_id, scope=self.scope, namespace=self.namespace, interval=interval
         )
 
     def __repr__(self) -> str:

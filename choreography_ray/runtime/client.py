@@ -19,6 +19,7 @@ entrypoint and a notebook whose own loop is running.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..jobs.functions import JobFunction, StepFunction
 from ..jobs.job import Job
 from ..jobs.mapping import MapItems, check_window
 from ..jobs.registry import default_registry
+from ..jobs.results import ItemResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState
 from ..placement.capability import import_failures
 from ..recovery.explicit import RehydrationSummary
@@ -185,6 +187,54 @@ class Jobs:
             self.aio.events(job_id, scope=scope, namespace=namespace, interval=interval)
         )
 
+    def results(
+        self,
+        job_id: str,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        interval: float = 0.25,
+    ) -> Iterator[ItemResult]:
+        """Each item's `(index, result or ItemFailed)` in item order, a page at a time (see
+        `AsyncJobs.results`)."""
+        results = self.aio.results(job_id, scope=scope, namespace=namespace, interval=interval)
+        return _BACKGROUND.iterate(results)
+
+    def as_completed(
+        self,
+        job_id: str,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        interval: float = 0.25,
+    ) -> Iterator[ItemResult]:
+        """Each item's `(index, result or ItemFailed)` as it is stored (see
+        `AsyncJobs.as_completed`)."""
+        completed = self.aio.as_completed(
+            job_id, scope=scope, namespace=namespace, interval=interval
+        )
+        return _BACKGROUND.iterate(completed)
+
+    def gather(
+        self,
+        job_id: str,
+        *,
+        return_exceptions: bool = False,
+        scope: str = DEFAULT_SCOPE,
+        namespace: str = DEFAULT_NAMESPACE,
+        interval: float = 0.25,
+    ) -> builtins.list[Any]:
+        """Every item's result as one list, for a job of at most `GATHER_LIMIT` items (see
+        `AsyncJobs.gather`)."""
+        gathering = self.aio.gather(
+            job_id,
+            return_exceptions=return_exceptions,
+            scope=scope,
+            namespace=namespace,
+            interval=interval,
+        )
+        return _run(gathering)
+
     def wait(
         self,
         job_id: str,
@@ -218,6 +268,11 @@ class Mapped:
     def wait(self, *, timeout: float | None = None) -> JobState | None:
         """Wait until the job is finished (see `Jobs.wait`)."""
         return _run(self.aio.wait(timeout=timeout))
+
+    def as_completed(self, *, interval: float = 0.25) -> Iterator[ItemResult]:
+        """Each item's `(index, result or ItemFailed)` as it is stored (see
+        `Jobs.as_completed`)."""
+        return _BACKGROUND.iterate(self.aio.as_completed(interval=interval))
 
     def __repr__(self) -> str:
         return f"Mapped(job_id={self.job_id!r})"

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import PackedReport, unpack_reports
+from ..engine.results import ItemPage
 from ..jobs.errors import DrainOutcome, InvalidOperationError, ResumeJobSuccess
 from ..jobs.mapping import MapItems
 from ..jobs.registry import Payload, TypeKind
 from ..jobs.state import JobKey, JobState
 from ..recovery.explicit import RehydrationSummary, rehydrate_within
 from ..storage.protocols import JobQuery, StepCounts
+from ..storage.step_query import StepQuery
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -116,6 +118,20 @@ class CountSteps(Operation[StepCounts]):
 
     async def run(self, host: Serving) -> StepCounts:
         return await host.manager(self.key).step_counts(self.job_id)
+
+
+@dataclass(frozen=True)
+class ReadResults(Operation[ItemPage]):
+    """A page of the job's steps as item outcomes, read from storage by any controller host
+    (storage is the truth; the job's owner is not asked). Results travel as stored JSON."""
+
+    what = "jobs.results"
+    job_id: str
+    query: StepQuery
+
+    async def run(self, host: Serving) -> ItemPage:
+        steps = host.manager(self.key).ctx.storage.steps
+        return ItemPage.of(await steps.query(self.job_id, self.query))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,6 +25,7 @@ from ..engine.job import JobStartResult
 from ..engine.manager import JobsManager
 from ..engine.messages import SettledStops, StepReport, StepStart, StopRequest, StopResult
 from ..engine.ports import Dispatched
+from ..engine.results import ResultSource, as_completed, gather, in_item_order, typed
 from ..engine.run_host import SyncStepRunner
 from ..engine.step_types import StepTypes
 from ..engine.worker import StepWorker
@@ -34,6 +35,7 @@ from ..jobs.job import Job
 from ..jobs.mapping import MapItems, MapJob, MapRequest, check_window
 from ..jobs.options import JobsOptions
 from ..jobs.registry import TypeRegistry, default_registry
+from ..jobs.results import ItemResult
 from ..jobs.state import JobKey, JobState, check_job_id
 from ..recovery import Rehydration
 from ..storage.protocols import JobsStorage
@@ -339,6 +341,29 @@ class InProcessCluster:
             steps=mapped.details(self.registry),
             max_active_steps=window,
         )
+
+    def results(self, job_id: str, key: JobKey | None = None) -> AsyncGenerator[ItemResult, None]:
+        """Each item's `(index, result or ItemFailed)` in item order, as `Jobs.results`
+        reads them; between two reads of an item still running the cluster settles."""
+        return typed(in_item_order(self._results(job_id, key)), self.registry)
+
+    def as_completed(
+        self, job_id: str, key: JobKey | None = None
+    ) -> AsyncGenerator[ItemResult, None]:
+        """Each item's outcome as it is stored, as `Jobs.as_completed` reads them."""
+        return typed(as_completed(self._results(job_id, key)), self.registry)
+
+    async def gather(
+        self, job_id: str, key: JobKey | None = None, *, return_exceptions: bool = False
+    ) -> list[Any]:
+        """Every item's result as one list, as `Jobs.gather` returns it."""
+        source = self._results(job_id, key)
+        return await gather(source, self.registry, return_exceptions=return_exceptions)
+
+    def _results(self, job_id: str, key: JobKey | None) -> ResultSource:
+        manager = self.manager(key)
+        steps = self.storage(key).steps
+        return ResultSource.stored(steps, job_id, lambda: manager.get(job_id), self.settle)
 
     async def settle(self) -> None:
         """Run until nothing moves on by itself: steps that finish at once have finished,

@@ -3,15 +3,18 @@ storage each in a Ray namespace of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import textwrap
 import uuid
+from typing import Any
 
 import pytest
 
 from choreography_ray.jobs import (
+    ItemFailed,
     JobNotFoundError,
     JobsOptions,
     JobStatus,
@@ -81,6 +84,25 @@ def test_a_map_of_step_functions_runs_each_item(jobs):
     again = jobs.map(halve, range(6), job_id=halved.job_id)
     assert again.job_id == halved.job_id
     assert jobs.step_counts(halved.job_id).total == 6
+
+    # Results, read through a controller host a page at a time and typed here.
+    listed = list(jobs.results(tripled.job_id))
+    assert [index for index, _ in listed] == list(range(10))
+    assert [value for index, value in listed if index != 4] == [3 * n for n in range(10) if n != 4]
+    failed = listed[4].value
+    assert isinstance(failed, ItemFailed) and failed.error_type == "ValueError"
+    assert sorted(index for index, _ in tripled.as_completed()) == list(range(10))
+    assert jobs.gather(halved.job_id) == [n / 2 for n in range(6)]
+    with pytest.raises(ItemFailed, match=r"item 4 has no result .*negative: -4"):
+        jobs.gather(tripled.job_id)
+
+    async def read_async() -> tuple[list[Any], list[Any]]:
+        done = [item async for item in halved.aio.as_completed(interval=0.05)]
+        return done, await jobs.aio.gather(tripled.job_id, return_exceptions=True)
+
+    done, gathered = asyncio.run(read_async())
+    assert sorted(done) == [(n, n / 2) for n in range(6)]
+    assert gathered[:4] == [0, 3, 6, 9] and isinstance(gathered[4], ItemFailed)
 
 
 def test_a_failing_step_completes_the_job_with_failures(jobs):

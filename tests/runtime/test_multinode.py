@@ -16,7 +16,7 @@ from choreography_ray.jobs import ConfigurationError, JobStatus
 from choreography_ray.runtime.constants import NAMESPACE, controller_name, worker_name
 
 from .conftest import ROOT
-from .multinode_jobs import Where, WhereJob, nodes_recorded
+from .multinode_jobs import Held, Where, WhereJob, nodes_recorded, record_item, runs_recorded
 
 
 def _address_file() -> str | None:
@@ -176,6 +176,47 @@ def test_restart_brings_the_hosts_back_over_the_same_storage(cluster, seen, tmp_
     assert jobs.get(seen["completed"]).status == JobStatus.COMPLETED_SUCCESSFULLY
     job_id = jobs.start(WhereJob, Where(directory=str(tmp_path), steps=4))
     assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
+def _until(check, what: str, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_worker_node_lost_mid_map_leaves_exact_results_and_no_completed_item_run_again(
+    cluster, tmp_path
+) -> None:
+    """Even items complete and odd ones are held running, on both worker nodes; then the node
+    running item 1 dies. Its held items run again on the other; no completed item does."""
+    assert len(cluster.nodes("worker")) == 2
+    items = [Held(directory=str(tmp_path), n=n, held=n % 2 == 1) for n in range(12)]
+    mapped = cluster.jobs.map(record_item, items, name="lost node")
+    _until(lambda: len(runs_recorded(tmp_path)) == 12, "every item running or completed")
+    _until(
+        lambda: cluster.jobs.get(mapped.job_id).progress.successful_steps == 6,
+        "the six items not held completed",
+    )
+    before = runs_recorded(tmp_path)
+    lost = cluster.remove_node(before[1][0])
+    (survivor,) = (node.node_id for node in cluster.nodes("worker"))
+    (tmp_path / "release").write_text("")
+
+    state = mapped.wait(timeout=60)
+    assert state is not None and state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    results = cluster.jobs.gather(mapped.job_id)
+    runs = runs_recorded(tmp_path)
+    assert any(before[n] == [lost] for n in range(0, 12, 2))  # it had completed items
+    for n in range(0, 12, 2):  # completed before the loss: one run, its result as stored
+        assert runs[n] == before[n] and results[n] == before[n][0]
+    for n in range(1, 12, 2):  # held: completed on the survivor; run again if it was lost
+        assert results[n] == survivor
+        again = [survivor] if before[n] == [lost] else []
+        assert sorted(runs[n]) == sorted(before[n] + again)
+    assert [index for index, _ in cluster.jobs.results(mapped.job_id)] == list(range(12))
 
 
 def test_shutdown_leaves_no_process_of_the_cluster(cluster) -> None:

@@ -24,6 +24,7 @@ from choreography_ray.runtime.operations import (
     Get,
     ListJobs,
     Operation,
+    ReadResults,
     Rehydrate,
     Remove,
     Resume,
@@ -33,14 +34,14 @@ from choreography_ray.runtime.operations import (
 )
 from choreography_ray.runtime.previous_release import PreviousReleaseCalls, send_previous
 from choreography_ray.runtime.wire import send
-from choreography_ray.storage import JobQuery
+from choreography_ray.storage import JobQuery, StepQuery
 
 from ..typecheck import mypy_errors
 
 KEY = JobKey(scope="s", namespace="n")
 REPORT = ("step-1", 3, 0, 1, 0, "a step", None, None, False)
 
-EVERY_OPERATION: list[Operation[Any]] = [
+PREVIOUS_RELEASE_OPERATIONS: list[Operation[Any]] = [
     Start(KEY, "a-job", {"type": "a-request", "value": {}}, "j"),
     Get(KEY, "j"),
     CountSteps(KEY, "j"),
@@ -53,6 +54,10 @@ EVERY_OPERATION: list[Operation[Any]] = [
     Rehydrate(KEY, 9.0),
     Deliver(KEY, "j", [REPORT]),
 ]
+"""Every request the previous release has a call for."""
+NEW_OPERATIONS: list[Operation[Any]] = [ReadResults(KEY, "j", StepQuery(stage=1, take=5))]
+"""Requests new in this release: a host of the previous release is never sent them."""
+EVERY_OPERATION = [*PREVIOUS_RELEASE_OPERATIONS, *NEW_OPERATIONS]
 
 
 def test_every_verb_is_listed_here():
@@ -209,7 +214,7 @@ class PreviousHost(PreviousReleaseCalls):
         await ControllerHost.deliver(self, key, job_id, packed)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("operation", EVERY_OPERATION, ids=lambda op: type(op).__name__)
+@pytest.mark.parametrize("operation", PREVIOUS_RELEASE_OPERATIONS, ids=lambda op: type(op).__name__)
 def test_the_previous_releases_call_round_trips_to_the_same_request(operation):
     """A caller of this release speaks the previous release's call to an older host; a host of
     this release turns that call back into the very request: both sides agree on every
@@ -232,6 +237,12 @@ def test_a_request_the_previous_release_lacks_is_refused_by_name():
 
     with pytest.raises(InvalidOperationError, match="Newer is new in this release"):
         send_previous(Newer(KEY), Recorder(PREVIOUS_METHODS))
+
+
+@pytest.mark.parametrize("operation", NEW_OPERATIONS, ids=lambda op: type(op).__name__)
+def test_a_request_new_in_this_release_is_not_sent_to_a_host_of_the_previous_one(operation):
+    with pytest.raises(InvalidOperationError, match="is new in this release"):
+        send_previous(operation, Recorder(PREVIOUS_METHODS))
 
 
 def test_a_map_start_is_not_sent_to_a_host_of_the_previous_release():
