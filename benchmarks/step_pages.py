@@ -5,7 +5,8 @@
 Stores one job of `--steps` step records (two stages, plan positions, a last change each, one
 step in fifty failed), then times pages of 50 through `steps.query`: the first page in plan
 order, a page deep in the job (the cursor of the step 100,000 places in), the failed steps,
-an id prefix, the first page by last change and one deep in it, and the matching count.
+an id prefix, the first page by last change and one deep in it, and the matching count; then
+the console's steps and job pages of that job, served over HTTP in this process.
 Prints a Markdown table of the median and the slowest of `--runs` reads, in milliseconds.
 PostgreSQL runs in a schema of its own, dropped afterwards (as `storage_bench.py` does).
 """
@@ -27,6 +28,8 @@ from storage_bench import drop_schema, url_for  # beside this script
 
 from choreography_ray.jobs import (
     JobKey,
+    JobState,
+    JobStatus,
     JobStepState,
     JobStepStatus,
     StatusChange,
@@ -51,8 +54,13 @@ class PageStep:
     pass
 
 
+class PageJob:
+    pass
+
+
 def registry() -> TypeRegistry:
     reg = TypeRegistry()
+    reg.register(PageJob, kind=TypeKind.JOB, name="bench.page-job")
     reg.register(PageStep, kind=TypeKind.STEP, name="bench.page-step")
     reg.register(PageState, kind=TypeKind.STATE, name="bench.page-state")
     return reg
@@ -124,11 +132,48 @@ async def measure(name: str, steps: int, runs: int) -> list[tuple[str, float, fl
                 lambda: storage.count(job_id, StepQuery(statuses=failed)), runs
             )
             results.append(("count of failed steps", median, slowest))
+            results.extend(await console_pages(provider, key, job_id, plan_cursor, runs))
             return results
         finally:
             await provider.for_key(key).steps.remove_all_for_job(job_id)
             await drop_schema(provider)
             await provider.close()
+
+
+async def console_pages(
+    provider: StorageProvider, key: JobKey, job_id: str, deep: StepCursor, runs: int
+) -> list[tuple[str, float, float]]:
+    """The console's pages of the job, served over HTTP in this process: what an operator
+    waits for (the page rendered, the count of matching steps with it)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from choreography_ray.console import ConsoleSettings, JobsReader, create_app
+
+    await provider.for_key(key).jobs.save(
+        JobState(id=job_id, key=key, type="bench.page-job", created=BASE, status=JobStatus.RUNNING)
+    )
+    app = create_app(JobsReader(provider), settings=ConsoleSettings(page_size=PAGE))
+    where = f"?scope={key.scope}&namespace={key.namespace}"
+    targets = {
+        "console: steps page, first": f"/jobs/{job_id}/steps{where}",
+        "console: steps page, 100,000 in": f"/jobs/{job_id}/steps{where}&after={deep.token()}",
+        "console: failed steps page": f"/jobs/{job_id}/steps{where}&status=failed",
+        "console: job page (failed first)": f"/jobs/{job_id}{where}",
+    }
+    results = []
+    async with TestClient(TestServer(app)) as client:
+
+        async def get(target: str) -> None:
+            answer = await client.get(target)
+            assert answer.status == 200, (target, answer.status, await answer.text())
+            await answer.read()
+
+        for label, target in targets.items():
+            await get(target)
+            median, slowest = await timed(lambda t=target: get(t), runs)
+            results.append((label, median, slowest))
+    await provider.for_key(key).jobs.remove(job_id)
+    return results
 
 
 async def main() -> None:

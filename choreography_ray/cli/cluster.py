@@ -21,6 +21,7 @@ from .common import (
     connect,
     console,
     guard,
+    ray_address,
     storage_app,
 )
 
@@ -102,7 +103,7 @@ def up(
         console.print(f"running: {name}")
     for failure in failures:
         # That node runs none of the module's types; the others do.
-        console.print(f"[yellow]could not import on {failure}[/yellow]", soft_wrap=True)
+        console.print(f"could not import on {failure}", style="yellow", soft_wrap=True)
 
 
 @app.command()
@@ -117,7 +118,7 @@ def down(address: AddressOption = "auto") -> None:
         from ..runtime.connection import init_ray
         from ..runtime.constants import NAMESPACE
 
-        init_ray(address, NAMESPACE)
+        init_ray(ray_address(address), NAMESPACE)
         return stop_hosts(NAMESPACE)
 
     for name in guard(stop):

@@ -7,6 +7,7 @@ CHOREOGRAPHY_DEBUG) shows the traceback instead.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
+from typer.core import TyperGroup
 
 from ..jobs.errors import (
     ChoreographyError,
@@ -25,7 +28,7 @@ from ..jobs.errors import (
     StorageUnavailableError,
 )
 from ..jobs.options import JobsOptions
-from ..storage.retry import one_line
+from ..storage.retry import not_a_retry, one_line
 from ..storage.url import redact
 
 STORAGE_ENV = "CHOREOGRAPHY_STORAGE"
@@ -44,14 +47,46 @@ EXIT_UNREACHABLE = 4
 
 T = TypeVar("T")
 
-app = typer.Typer(no_args_is_help=True, help="Durable jobs on Ray.")
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: the command stopped, after one line saying what is safe."""
+
+_INTERRUPTED = {
+    "line": "interrupted: nothing was changed; what is stored is as it was",
+}
+
+
+def on_interrupt(line: str) -> None:
+    """What Ctrl-C prints from now on in this command: what is safe, and how to go on."""
+    _INTERRUPTED["line"] = line
+
+
+class _Commands(TyperGroup):
+    """Every command: Ctrl-C at any moment prints one line and exits 130, never a traceback
+    nor a bare "Aborted"; and a command that reads storage itself prints its final error as
+    one line, without the retries' warnings before it."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        storage_log = logging.getLogger("choreography_ray.storage")
+        storage_log.addFilter(not_a_retry)
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            errors.print("\n" + _INTERRUPTED["line"], highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        finally:
+            storage_log.removeFilter(not_a_retry)
+
+
+app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Durable jobs on Ray.")
 storage_app = typer.Typer(no_args_is_help=True, help="Inspect and prepare job storage.")
 jobs_app = typer.Typer(no_args_is_help=True, help="List, watch, stop, resume and remove jobs.")
 app.add_typer(storage_app, name="storage")
 app.add_typer(jobs_app, name="jobs")
 
-console = Console()
-errors = Console(stderr=True)
+# No markup: what is printed is text (an error's `[postgres]`, a job's details), never styles
+# by accident; a style is given as one (`style=`, or `Text`).
+console = Console(markup=False)
+errors = Console(stderr=True, markup=False)
 _debug = {"on": bool(os.environ.get(DEBUG_ENV))}
 
 StorageOption = Annotated[
@@ -67,7 +102,8 @@ AddressOption = Annotated[
     typer.Option(
         "--address",
         envvar=ADDRESS_ENV,
-        help="Ray cluster: 'auto' (this machine), 'ray://host:10001', or none for a local Ray.",
+        help="Ray cluster: 'auto' (this machine), 'host:port', 'ray://host:10001', or 'none': a "
+        "local Ray of the command's own (a reading command then reads --storage with no Ray).",
     ),
 ]
 ConfigOption = Annotated[
@@ -78,6 +114,19 @@ ScopeOption = Annotated[str, typer.Option("--scope", help="Storage scope of the 
 NamespaceOption = Annotated[str, typer.Option("--namespace", help="Namespace of the jobs.")]
 
 
+NO_CLUSTER = "none"
+"""`--address none`: a local Ray of the command's own, or for a reading command, no Ray."""
+
+
+def no_cluster(address: str | None) -> bool:
+    return address is not None and address.strip().lower() == NO_CLUSTER
+
+
+def ray_address(address: str | None) -> str | None:
+    """The address to give Ray: None (a local Ray) for `none`."""
+    return None if no_cluster(address) else address
+
+
 @app.callback()
 def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
     _debug["on"] = _debug["on"] or debug
@@ -85,21 +134,16 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
 
 def fail(error: BaseException) -> typer.Exit:
     """Print `error` as one line; the exit to raise."""
-    message = (one_line(error) or type(error).__name__) + short_id_hint(error)
+    message = one_line(error) or type(error).__name__
     if not isinstance(error, ChoreographyError | ValueError | OSError | TimeoutError):
         message = f"{type(error).__name__}: {message} (--debug shows the traceback)"
-    errors.print(f"[red]error:[/red] {redact(message)}", highlight=False, soft_wrap=True)
+    errors.print(error_line(redact(message)), highlight=False, soft_wrap=True)
     return typer.Exit(code=exit_code(error))
 
 
-def short_id_hint(error: BaseException) -> str:
-    """For an unknown id that looks like the short ids `jobs list` prints: how to get the
-    whole one, which commands need."""
-    job_id = getattr(error, "job_id", None) if isinstance(error, JobNotFoundError) else None
-    hex_digits = set("0123456789abcdef")
-    if isinstance(job_id, str) and 4 <= len(job_id) < 32 and set(job_id) <= hex_digits:
-        return " (a short id? commands take the whole id: `jobs list --wide` prints it)"
-    return ""
+def error_line(message: str) -> Text:
+    """ "error: <message>", the word in red and the message as it is."""
+    return Text.assemble(("error:", "red"), " ", message)
 
 
 def exit_code(error: BaseException) -> int:
@@ -142,4 +186,4 @@ def connect(
 
     options = JobsOptions.load(config)
     given = options if options.model_fields_set else None
-    return connect(storage, address=address, options=given, **kwargs)
+    return connect(storage, address=ray_address(address), options=given, **kwargs)

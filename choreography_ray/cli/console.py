@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import AddressOption, StorageOption, app, console, errors, guard
+from .common import (
+    AddressOption,
+    StorageOption,
+    app,
+    console,
+    error_line,
+    errors,
+    guard,
+    no_cluster,
+)
 
 EXIT_USAGE = 2
 
@@ -40,24 +49,28 @@ def console_command(
 
     It joins the cluster on this machine and reads the cluster's storage.
 
-    With --storage alone it reads that storage and needs no Ray (read-only).
+    With --storage alone, or --address none, it reads that storage (the demo's by default)
+    and needs no Ray (read-only).
 
     Example: choreography console --allow-actions, then open http://127.0.0.1:8266
     """
     from ..console import ConsoleSettings, console_app, serve
     from ..console.app import LOOPBACK_NAMES
+    from ..runtime.config import DEFAULT_STORAGE
     from ..storage.url import redact
 
-    if storage is not None and address is None:
+    if (storage is not None and address is None) or no_cluster(address):
         if allow_actions:
             errors.print(
-                "[red]error:[/red] --allow-actions needs a cluster: add --address "
-                "(actions go through the cluster's hosts, never straight to storage)",
-                highlight=False,
+                error_line(
+                    "--allow-actions needs a cluster: add --address (actions go through the "
+                    "cluster's hosts, never straight to storage)"
+                ),
                 soft_wrap=True,
             )
             raise typer.Exit(EXIT_USAGE)
-        provider, source, extras = guard(lambda: _storage_only(storage, module or []))
+        url = storage or DEFAULT_STORAGE
+        provider, source, extras = guard(lambda: _storage_only(url, module or []))
     else:
         provider, source, extras = guard(lambda: _on_cluster(storage, address or "auto"))
     settings = ConsoleSettings(
@@ -84,7 +97,7 @@ def _storage_only(storage: str, modules: list[str]) -> tuple[Any, str, dict[str,
     from ..runtime.config import import_modules
     from ..storage import open_storage
 
-    _, failed = import_modules(modules)
+    _, failed = import_modules(["choreography_ray.demo", *modules])
     if failed:
         raise ConfigurationError(f"cannot import job modules: {'; '.join(failed)}")
     return open_storage(storage), storage, {}

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
-from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
+from ..jobs.status import JobStatus
 from ..storage import JobQuery
 from .common import (
     EXIT_FAILED,
@@ -27,6 +27,7 @@ from .common import (
     console,
     guard,
     jobs_app,
+    on_interrupt,
 )
 from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
 from .reading import ClusterReading, read_cluster
@@ -45,9 +46,41 @@ def _client(
         job_key(scope, namespace)
         if job_id is not None:
             check_job_id(job_id)
+        on_interrupt("interrupted while reaching the cluster: nothing was asked of it")
         return connect(storage, address)
 
     return guard(checked)
+
+
+def _job_of(jobs: Jobs, given: str, scope: str, namespace: str, action: str) -> str:
+    """The whole id of the job `given` names: itself, or the one job whose id it starts."""
+    from ..console.reader import MATCHES_SHOWN, chosen_id
+
+    def resolved() -> str:
+        if jobs.find(given, scope=scope, namespace=namespace) is not None:
+            return given
+        query = JobQuery(id_prefix=given, take=MATCHES_SHOWN + 1)
+        return chosen_id(given, [j.id for j in jobs.list(query, scope=scope, namespace=namespace)])
+
+    job_id = guard(resolved)
+    on_interrupt(
+        f"interrupted: the {action} of job {job_id} may or may not have reached the cluster; "
+        f"the job is safe in storage, and `choreography jobs show {job_id}"
+        f"{_partition_options(scope, namespace)}` says where it stands"
+    )
+    return job_id
+
+
+def _partition_options(scope: str, namespace: str) -> str:
+    """` --scope S --namespace N`, leaving out the defaults: for a command to copy."""
+    return "".join(
+        f" --{name} {value}"
+        for name, value, default in (
+            ("scope", scope, DEFAULT_SCOPE),
+            ("namespace", namespace, DEFAULT_NAMESPACE),
+        )
+        if value != default
+    )
 
 
 def waiting_text(job: Any) -> str:
@@ -63,14 +96,7 @@ def quarantine_lines(job: Any) -> list[str]:
 
     if job.quarantine is None:
         return []
-    where = "".join(
-        f" --{name} {value}"
-        for name, value, default in (
-            ("scope", job.key.scope, DEFAULT_SCOPE),
-            ("namespace", job.key.namespace, DEFAULT_NAMESPACE),
-        )
-        if value != default
-    )
+    where = _partition_options(job.key.scope, job.key.namespace)
     return [
         quarantine_text(job),
         f"recovery no longer resumes it; `choreography jobs resume {job.id}{where}` takes it "
@@ -134,6 +160,7 @@ def jobs_show(
 
     Example: choreography jobs show 3f2a9c1e --output json
     """
+    from ..console.reader import reads_every_step
     from ..placement.capability import import_failures
     from ..runtime.arguments import check_job_id, job_key
 
@@ -142,8 +169,8 @@ def jobs_show(
 
     async def work(reader: Any, cluster: ClusterReading) -> tuple[Any, Any, Any]:
         job = await reader.job(key, job_id)  # not found: exit 3
-        thorough = verify if verify is not None else job.status not in RUNNING_JOB_STATUSES
-        counts = await reader.step_counts(key, job_id, verify=thorough)
+        thorough = verify if verify is not None else reads_every_step(job)
+        counts = await reader.step_counts(key, job.id, verify=thorough)
         return job, counts, cluster.adverts()
 
     job, counts, adverts = read_cluster(storage, address, work)
@@ -151,31 +178,33 @@ def jobs_show(
         print_json(job_detail_json(job, counts))
         return
     p = job.progress
-    console.print(f"[bold]{job.id}[/bold]  {job.type}  {job.status.name}")
+    console.print(Text.assemble((job.id, "bold"), f"  {job.type}  {job.status.name}"))
     console.print(f"priority: {job.priority}")
     if job.adaptive_window is not None:
         console.print(f"adaptive: {job.adaptive_window.text()}")
     if job.details:
         console.print(job.details)
     for line in quarantine_lines(job):
-        console.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+        console.print(line, style="red", soft_wrap=True)
     if job.recovery_attempts and job.quarantine is None:
         error = f"; the last failed: {job.recovery_error}" if job.recovery_error else ""
         console.print(
-            escape(f"recovery attempts in a row not completed: {job.recovery_attempts}{error}"),
+            f"recovery attempts in a row not completed: {job.recovery_attempts}{error}",
             soft_wrap=True,
         )
     if job.waiting_for_worker is not None:
         since = f"{job.waiting_for_worker.since:%Y-%m-%d %H:%M:%S}"
-        console.print(f"[yellow]{waiting_text(job)}[/yellow] (since {since})", soft_wrap=True)
+        console.print(
+            Text.assemble((waiting_text(job), "yellow"), f" (since {since})"), soft_wrap=True
+        )
     from ..console.reader import key_wait
 
     keyed = key_wait(job)
     if keyed is not None:
         since = f"{keyed.since:%Y-%m-%d %H:%M:%S}"
-        console.print(f"[yellow]{escape(keyed.text())}[/yellow] (since {since})", soft_wrap=True)
+        console.print(Text.assemble((keyed.text(), "yellow"), f" (since {since})"), soft_wrap=True)
     elif job.concurrency_key is not None:
-        console.print(escape(f"concurrency key: {job.concurrency_key}"), soft_wrap=True)
+        console.print(f"concurrency key: {job.concurrency_key}", soft_wrap=True)
     console.print(
         f"steps: {p.total_steps} total, {p.successful_steps} succeeded, {p.failed_steps} failed, "
         f"{p.unreachable_steps} unreachable, {p.stopped_steps} stopped"
@@ -188,8 +217,11 @@ def jobs_show(
     )
     if counts.unreadable:
         console.print(
-            f"[red]{counts.unreadable} step record(s) cannot be read[/red]: the job will not "
-            "resume until they are fixed, or it is removed (resume names them)"
+            Text.assemble(
+                (f"{counts.unreadable} step record(s) cannot be read", "red"),
+                ": the job will not resume until they are fixed, or it is removed (resume "
+                "names them)",
+            )
         )
     for stage in p.stages:
         console.print(
@@ -203,11 +235,12 @@ def jobs_show(
         )
     cannot = import_failures(a for a in adverts.values() if not a.hosts(job.type))
     for failure in cannot:
-        console.print(f"[yellow]cannot run {job.type} on {failure}[/yellow]", soft_wrap=True)
+        console.print(f"cannot run {job.type} on {failure}", style="yellow", soft_wrap=True)
     for failure in import_failures(adverts.values()):
         if failure not in cannot:  # a host that runs the job type but not every step type
             console.print(
-                f"[yellow]import failed on {failure}: steps of its types go elsewhere[/yellow]",
+                f"import failed on {failure}: steps of its types go elsewhere",
+                style="yellow",
                 soft_wrap=True,
             )
 
@@ -223,11 +256,13 @@ def jobs_watch(
 ) -> None:
     """Follow a job's progress until it finishes; exit 1 unless it completed successfully.
 
-    Example: choreography jobs watch 3f2a9c1e5d7b4a60 --timeout 600 && echo done
+    Example: choreography jobs watch 3f2a9c1e --timeout 600 && echo done
     """
     jobs = _client(storage, address, scope, namespace, job_id)
+    whole = _job_of(jobs, job_id, scope, namespace, "watch")
+    on_interrupt(f"stopped watching: job {whole} goes on running, unchanged")
     state = guard(
-        lambda: jobs.wait(job_id, timeout=timeout, progress=True, scope=scope, namespace=namespace)
+        lambda: jobs.wait(whole, timeout=timeout, progress=True, scope=scope, namespace=namespace)
     )
     console.print(state.status.name if state is not None else "finished and cleared")
     if state is not None and state.status != JobStatus.COMPLETED_SUCCESSFULLY:
@@ -243,15 +278,16 @@ def _simple(action: str, call: Callable[[Jobs, str, str, str], object]) -> Calla
         namespace: NamespaceOption = DEFAULT_NAMESPACE,
     ) -> None:
         jobs = _client(storage, address, scope, namespace, job_id)
-        answer = guard(lambda: call(jobs, job_id, scope, namespace))
+        whole = _job_of(jobs, job_id, scope, namespace, action)
+        answer = guard(lambda: call(jobs, whole, scope, namespace))
         suffix = f": {answer.name}" if answer is not None and hasattr(answer, "name") else ""
-        console.print(f"{action}: {job_id}{suffix}")
+        console.print(f"{action}: {whole}{suffix}", highlight=False)
 
     command.__doc__ = {
         "stop": "Stop a job; it can be resumed.",
         "resume": "Resume a stopped or interrupted job.",
         "remove": "Stop a job and delete it with its steps.",
-    }[action] + f"\n\nExample: choreography jobs {action} 3f2a9c1e5d7b4a60 --scope studio"
+    }[action] + f"\n\nExample: choreography jobs {action} 3f2a9c1e --scope studio"
     return command
 
 
@@ -331,13 +367,17 @@ def jobs_drain(
         float, typer.Option(help="Wait at most this many seconds for every step to stop.")
     ] = 30.0,
 ) -> None:
-    """Stop a job and wait until every step has stopped and stored its outcome."""
+    """Stop a job and wait until every step has stopped and stored its outcome.
+
+    Example: choreography jobs drain 3f2a9c1e --timeout 120
+    """
     from ..recovery.explicit import check_timeout
 
     guard(lambda: check_timeout(timeout))  # before joining the cluster
     jobs = _client(storage, address, scope, namespace, job_id)
-    outcome = guard(lambda: jobs.drain(job_id, timeout=timeout, scope=scope, namespace=namespace))
-    console.print(f"drain: {job_id}: {outcome.result.name}")
+    whole = _job_of(jobs, job_id, scope, namespace, "drain")
+    outcome = guard(lambda: jobs.drain(whole, timeout=timeout, scope=scope, namespace=namespace))
+    console.print(f"drain: {whole}: {outcome.result.name}", highlight=False)
     console.print(f"  drained: {', '.join(outcome.drained) or 'none'}")
     if outcome.not_drained:
         console.print(f"  not drained (still stopping): {', '.join(outcome.not_drained)}")

@@ -72,8 +72,9 @@ def jobs_results(
         async def pause() -> None:
             await asyncio.sleep(POLL_SECONDS)
 
+        whole = (await reader.job(key, job_id)).id  # a unique prefix names its job
         steps = reader.provider.for_key(key).steps
-        source = ResultSource.stored(steps, job_id, lambda: reader.job(key, job_id), pause)
+        source = ResultSource.stored(steps, whole, lambda: reader.job(key, whole), pause)
         first = True
         async for item in in_item_order(source):
             if as_json:

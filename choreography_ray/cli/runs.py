@@ -13,7 +13,16 @@ from ..jobs.state import JobState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from ..storage import JobQuery
 from ..storage.url import redact
-from .common import AddressOption, StorageOption, app, connect, console, guard
+from .common import (
+    EXIT_INTERRUPTED,
+    AddressOption,
+    StorageOption,
+    app,
+    connect,
+    console,
+    guard,
+    on_interrupt,
+)
 
 
 @app.command()
@@ -33,9 +42,14 @@ def demo(
 
     url = storage or DEFAULT_STORAGE
     began = time.monotonic()
+    on_interrupt(
+        f"interrupted while starting Ray: no demo job was started or changed; {redact(url)} "
+        "is as it was"
+    )
     # The hosts must know the demo's job types before they list or recover its jobs.
     jobs = guard(lambda: connect(url, address, modules=[DemoJob.__module__]))
     job_id = ""
+    done_before = 0
     try:
         unfinished = guard(
             lambda: jobs.list(
@@ -48,6 +62,7 @@ def demo(
         )
         if unfinished:
             job_id = unfinished[0].id
+            done_before = unfinished[0].progress.done_steps
             console.print(f"resuming demo job {job_id}")
             if unfinished[0].status == JobStatus.STOPPED:
                 guard(lambda: jobs.resume(job_id))
@@ -55,20 +70,25 @@ def demo(
             console.print(f"starting a demo job of {steps} steps in two stages")
             job_id = guard(lambda: jobs.start(DemoJob, DemoRequest(steps=steps)))
             console.print(f"started demo job {job_id}")
+        on_interrupt(_safe_line(f"job {job_id}", url))
         state = guard(lambda: jobs.wait(job_id, progress=console.is_terminal))
     except KeyboardInterrupt:
-        which = f"job {job_id}" if job_id else "the demo job"
-        console.print(
-            f"\ninterrupted: {which} is safe in {redact(url)}; run `choreography demo` "
-            "again to resume it"
-        )
-        raise typer.Exit(code=130) from None
+        console.print("\n" + _safe_line(f"job {job_id}" if job_id else "the demo job", url))
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
     elapsed = time.monotonic() - began
-    _summary(state, elapsed)
+    _summary(state, elapsed, done_before)
     _shutdown_local_ray()
 
 
-def _summary(state: JobState | None, elapsed: float) -> None:
+def _safe_line(which: str, url: str) -> str:
+    return (
+        f"interrupted: {which} is safe in {redact(url)}; run `choreography demo` again to resume it"
+    )
+
+
+def _summary(state: JobState | None, elapsed: float, done_before: int = 0) -> None:
+    """The outcome, and the rate of this run: steps done before it (a resumed job's) are not
+    counted in it."""
     if state is None:
         console.print("the job finished and was cleared")
         return
@@ -80,10 +100,12 @@ def _summary(state: JobState | None, elapsed: float) -> None:
     table.add_row("stopped", str(p.stopped_steps))
     table.add_row("total", str(p.total_steps))
     console.print(table)
-    rate = p.total_steps / elapsed if elapsed > 0 else 0.0
+    ran = p.done_steps - done_before
+    rate = ran / elapsed if elapsed > 0 else 0.0
+    earlier = f", {done_before} done before" if done_before else ""
     console.print(
-        f"{state.status.name}: {p.total_steps} steps in {elapsed:.1f} s "
-        f"({rate:,.0f} steps/s, including Ray start-up)"
+        f"{state.status.name}: {ran} steps in {elapsed:.1f} s{earlier} "
+        f"({rate:,.0f} steps/s this run, including Ray start-up)"
     )
 
 

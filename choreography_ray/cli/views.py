@@ -11,7 +11,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ..console.reader import StepListing
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey
+from ..storage.step_query import StepCursor, StepOrder, StepQuery
 from .common import (
     AddressOption,
     NamespaceOption,
@@ -56,62 +58,97 @@ def jobs_steps(
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     status: Annotated[
         list[str] | None,
-        typer.Option(help="Only steps in this status; 'failed' is every failure (repeatable)."),
+        typer.Option(
+            help="Only steps in this status; 'failed' is every failure, 'prepared' a step "
+            "never run (repeatable)."
+        ),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="Steps per page.")] = 100,
-    page: Annotated[int, typer.Option(min=0, help="Page, from 0.")] = 0,
+    stage: Annotated[int | None, typer.Option(help="Only steps of this stage.")] = None,
+    step_type: Annotated[
+        str | None, typer.Option("--type", help="Only steps of this step type.")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Only steps whose id starts with this.")] = "",
+    order: Annotated[
+        StepOrder,
+        typer.Option(help="plan: by stage and plan order; changed: the latest change first."),
+    ] = StepOrder.PLAN,
+    limit: Annotated[int, typer.Option(min=0, help="Steps per page (0: all).")] = 100,
+    after: Annotated[
+        str | None, typer.Option(help="Continue after this cursor, as a page's last line says.")
+    ] = None,
+    page: Annotated[int, typer.Option(min=0, help="Page, from 0 (--after is quicker).")] = 0,
     output: OutputOption = Output.table,
     wide: WideOption = False,
 ) -> None:
-    """List a job's steps: status, attempts and error, by stage and id.
+    """List a job's steps: status, attempts and error, by stage and plan order.
 
-    Example: choreography jobs steps 3f2a9c1e5d7b4a60 --status failed
+    Example: choreography jobs steps 3f2a9c1e --status failed
     """
-    from ..console.reader import parse_step_statuses
+    from ..console.reader import parse_step_statuses, step_status_name
     from ..runtime.arguments import check_job_id, job_key
 
     key: JobKey = guard(lambda: job_key(scope, namespace))
     guard(lambda: check_job_id(job_id))
-    statuses = guard(lambda: parse_step_statuses(status or []))
 
-    async def work(reader: Any, _: ClusterReading) -> Any:
-        await reader.job(key, job_id)  # not found: exit 3
-        return await reader.steps(key, job_id, statuses, page, limit)
+    def query() -> StepQuery:
+        return StepQuery(
+            statuses=parse_step_statuses(status or []),
+            stage=stage,
+            type=step_type,
+            id_prefix=prefix,
+            order=order,
+            after=StepCursor.parse(after) if after else None,
+            take=limit,
+        )
 
-    found = read_cluster(storage, address, work)
+    wanted = guard(query)
+
+    async def work(reader: Any, _: ClusterReading) -> tuple[str, StepListing]:
+        job = await reader.job(key, job_id)  # not found: exit 3; a prefix names one job
+        asked = wanted
+        for _skipped in range(page):  # pages before the one asked, each from the last's cursor
+            listing = await reader.steps(key, job.id, asked)
+            if listing.next is None:
+                return job.id, StepListing([], listing.total, None)
+            asked = asked.model_copy(update={"after": listing.next})
+        return job.id, await reader.steps(key, job.id, asked)
+
+    whole_id, found = read_cluster(storage, address, work)
+    following = found.next.token() if found.next is not None else None
     if output == Output.json:
         print_json(
             {
-                "job_id": job_id,
+                "job_id": whole_id,
                 "total": found.total,
-                "page": found.page,
-                "size": found.size,
-                "steps": [step_json(s) for s in found.items],
+                "page": page,
+                "size": limit,
+                "next": following,
+                "steps": [step_json(s) for s in found.steps],
             }
         )
         return
-    if not found.items:
+    if not found.steps:
         console.print("no steps", highlight=False)
         return
-    ids = {s.id: s.id for s in found.items} if wide else short_ids(s.id for s in found.items)
+    ids = {s.id: s.id for s in found.steps} if wide else short_ids(s.id for s in found.steps)
     rows = [
         [
             ids[s.id],
-            s.status.name,
+            step_status_name(s.status),
             str(s.attempt),
             str(s.stage),
             s.name,
             "; ".join(s.error.messages) if s.error is not None else "",
         ]
-        for s in found.items
+        for s in found.steps
     ]
     for line in lines(STEP_COLUMNS, rows, None if wide else console.width):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
-    if found.has_next:
+        console.print(line, highlight=False, soft_wrap=True)
+    if following is not None:
         console.print(
-            f"page {found.page + 1} of {found.pages} ({found.total} steps): --page "
-            f"{found.page + 1} shows the next",
+            f"{len(found.steps)} of {found.total} steps; the next: --after {following}",
             highlight=False,
+            soft_wrap=True,
         )
 
 

@@ -13,20 +13,29 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..jobs.errors import ChoreographyError, JobNotFoundError
+from ..jobs.errors import ChoreographyError, JobNotFoundError, RecordNotFoundError
 from ..jobs.options import option_error
-from ..jobs.state import JobKey
-from ..jobs.status import JobStatus
+from ..jobs.state import JobKey, utc
+from ..jobs.status import FAILED_STEP_STATUSES, JobStatus
 from ..storage.codec import check_id
 from ..storage.retry import one_line
-from . import pages
+from ..storage.step_query import StepCursor, StepOrder, StepQuery
+from . import pages, step_pages
 from .html import e, key_params, layout, main, path, url
 from .ports import ACTIONS, ClusterView, JobActions
-from .reader import JobFilter, JobsReader, parse_status, parse_step_statuses
+from .reader import (
+    JobFilter,
+    JobsReader,
+    check_page,
+    parse_status,
+    parse_step_statuses,
+    reads_every_step,
+)
 
 log = logging.getLogger("choreography_ray.console")
 
@@ -51,14 +60,18 @@ class ConsoleSettings:
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
-LIVE_STEPS = 10_000
-"""The most steps (in the page's statuses) a steps page refreshes itself for."""
+FAILED_SHOWN = 10
+"""How many failed steps a job's page lists above everything else."""
 
 READER: web.AppKey[JobsReader] = web.AppKey("reader", JobsReader)
 SETTINGS: web.AppKey[ConsoleSettings] = web.AppKey("settings", ConsoleSettings)
 ACTIONS_KEY: web.AppKey[JobActions | None] = web.AppKey("actions")
 CLUSTER_KEY: web.AppKey[ClusterView | None] = web.AppKey("cluster")
 TOKEN: web.AppKey[str] = web.AppKey("token", str)
+
+
+FAILED_FIRST = StepQuery(statuses=FAILED_STEP_STATUSES, order=StepOrder.CHANGED, take=FAILED_SHOWN)
+"""The failed steps a job's page opens with: the latest failures first."""
 
 
 class BadInput(ValueError):
@@ -82,6 +95,7 @@ def create_app(
     app.router.add_get("/jobs", _jobs)
     app.router.add_get("/jobs/{job_id}", _job)
     app.router.add_get("/jobs/{job_id}/steps", _steps)
+    app.router.add_get("/jobs/{job_id}/steps/{step_id}", _step)
     app.router.add_post("/jobs/{job_id}/{action}", _action)
     app.router.add_get("/cluster", _cluster)
     return app
@@ -118,6 +132,20 @@ def _int(request: web.Request, name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise BadInput(f"{name} must be a whole number (got {raw!r})") from None
+
+
+def _time(request: web.Request, name: str) -> datetime | None:
+    """A time of the query string, as a date or an ISO date and time (UTC unless it says)."""
+    raw = request.query.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return utc(datetime.fromisoformat(raw))
+    except ValueError:
+        raise BadInput(
+            f"{name} must be a date or a date and time, as 2026-05-01 or 2026-05-01T12:30 "
+            f"(got {raw!r})"
+        ) from None
 
 
 def _key(request: web.Request) -> JobKey:
@@ -163,7 +191,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException:
         raise
-    except JobNotFoundError as error:
+    except (JobNotFoundError, RecordNotFoundError) as error:
         return _render(
             request, "Not found", f'<p class="error">{e(error.message)}</p>', live=False, status=404
         )
@@ -202,6 +230,10 @@ async def _jobs(request: web.Request) -> web.Response:
         type=request.query.get("type", "").strip() or None,
         page=_int(request, "page", 0),
         size=_int(request, "size", settings.page_size),
+        id_prefix=request.query.get("id", "").strip(),
+        created_after=_time(request, "from"),
+        created_before=_time(request, "to"),
+        oldest_first=request.query.get("order", "") == "oldest",
     )
     reader = request.app[READER]
     found = await reader.jobs(wanted)
@@ -236,7 +268,7 @@ async def _job_response(
     settings = request.app[SETTINGS]
     key, job_id = _key(request), _job_id(request)
     job = await reader.job(key, job_id)
-    counts = await reader.step_counts(key, job_id)
+    counts = await reader.step_counts(key, job.id, verify=reads_every_step(job))
     actions = request.app[ACTIONS_KEY]
     form = pages.actions_form(
         job,
@@ -244,30 +276,62 @@ async def _job_response(
         can_drain=actions is not None and actions.can_drain,
         token=request.app[TOKEN],
     )
+    failed = await reader.steps(key, job.id, FAILED_FIRST)
     body = pages.job_page(
-        job, counts, pages.now_utc(), actions=form, message=message, problem=problem
+        job,
+        counts,
+        pages.now_utc(),
+        actions=form,
+        failures=step_pages.failed_steps(job, failed),
+        message=message,
+        problem=problem,
     )
     return _render(request, f"Job {job_id}", body, live=not job.is_finished, status=status)
+
+
+def _step_query(request: web.Request, size: int) -> StepQuery:
+    """The steps page's filter, order and cursor, from its query string."""
+    after = request.query.get("after", "").strip()
+    stage = request.query.get("stage", "").strip()
+    order = request.query.get("order", "").strip() or StepOrder.PLAN.value
+    try:
+        return StepQuery(
+            statuses=parse_step_statuses(_status_names(request)),
+            stage=_int(request, "stage", 0) if stage else None,
+            type=request.query.get("type", "").strip() or None,
+            id_prefix=request.query.get("prefix", "").strip(),
+            order=StepOrder(order),
+            after=StepCursor.parse(after) if after else None,
+            take=size,
+        )
+    except ValidationError as error:
+        raise BadInput(option_error(error, "steps filter").message) from None
 
 
 async def _steps(request: web.Request) -> web.Response:
     reader = request.app[READER]
     settings = request.app[SETTINGS]
     key, job_id = _key(request), _job_id(request)
-    names = _status_names(request)
-    statuses = parse_step_statuses(names)
-    page = _int(request, "page", 0)
     size = _int(request, "size", settings.page_size)
+    check_page(0, size)
+    query = _step_query(request, size)
     job = await reader.job(key, job_id)
-    found = await reader.steps(key, job_id, statuses, page, size)
-    status = names[0].strip().lower() if len(names) == 1 else ""
-    # A steps page reads the job's steps (see JobsReader.steps): it refreshes itself only
-    # while that stays cheap; a larger job's page is reloaded by hand.
-    live = not job.is_finished and found.total <= LIVE_STEPS
-    note = "" if live or job.is_finished else pages.NOT_LIVE.format(limit=LIVE_STEPS)
-    body = pages.steps_page(job, status, found, pages.now_utc()) + note
-    filters = pages.steps_filters(job, status, size)
-    return _render(request, f"Steps of {job_id}", body, live=live, filters=filters)
+    found = await reader.steps(key, job.id, query)
+    # Each refresh reads one page from an index: live while the job runs, however large.
+    body = step_pages.steps_page(job, query, found, pages.now_utc())
+    filters = step_pages.steps_filters(job, query)
+    return _render(request, f"Steps of {job.id}", body, live=not job.is_finished, filters=filters)
+
+
+async def _step(request: web.Request) -> web.Response:
+    reader = request.app[READER]
+    key, job_id = _key(request), _job_id(request)
+    step_id = check_id(request.match_info["step_id"], "step id")
+    job = await reader.job(key, job_id)
+    step = await reader.step(key, job.id, step_id)
+    body = step_pages.step_page(job, step, pages.now_utc())
+    live = not job.is_finished
+    return _render(request, f"Step {step_id} of {job.id}", body, live=live)
 
 
 async def _cluster(request: web.Request) -> web.Response:

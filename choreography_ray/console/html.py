@@ -80,27 +80,50 @@ td.trace{max-width:40em;overflow-wrap:anywhere}
 form.inline{display:inline}
 button{margin-right:.5em}
 .muted{color:#57606a}
+.badge{padding:0 .45em;border-radius:.7em;font-size:12px;font-weight:600;color:#fff;
+  background:#57606a;white-space:nowrap}
+.s-completed_successfully,.j-completed_successfully{background:#1a7f37}
+.s-failed,.s-completed_with_failure,.j-failed,.j-completed_with_failures{background:#cf222e}
+.s-running,.s-scheduled,.j-running{background:#0969da}
+.s-prepared,.j-none,.j-preparing_job,.j-preparing_steps,.j-starting_steps{background:#6e7781}
+.s-stopped,.s-removing,.j-stopped,.j-removing{background:#9a6700}
+.s-unreachable{background:#8250df}
+svg.chart .frame{fill:#fff;stroke:#d0d7de}svg.chart .line{fill:none;stroke:#2da44e;stroke-width:2}
+.failures{background:#fff5f5;border:1px solid #ffcecb;padding:.25em 1em;margin-bottom:1em}
+th a{color:inherit}
 """
 
 SCRIPT = """
 (function () {
-  var every = %d, last = null;
+  var every = %d, last = null, timer = null;
   if (!every) { return; }
+  function later() { clearTimeout(timer); timer = setTimeout(tick, every); }
   function tick() {
+    timer = null;
     var main = document.getElementById("main");
     if (!main || main.dataset.live !== "1") { return; }
+    if (document.hidden) {  // paused, nothing scheduled: showing the tab again resumes
+      document.body.dataset.live = "paused"; return;
+    }
+    document.body.dataset.live = "on";
     var target = new URL(window.location.href);
     target.searchParams.set("fragment", "1");
     fetch(target, {headers: {"Accept": "text/html"}})
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (text) {
         // Replaced only when it changed, so a button is not swapped under the pointer.
-        if (text !== null && text !== last) { last = text; main.outerHTML = text; }
+        if (text !== null && text !== last) {
+          last = text; main.outerHTML = text;
+          document.body.dataset.refreshed = String(Date.now());
+        }
       })
       .catch(function () {})
-      .then(function () { setTimeout(tick, every); });
+      .then(later);
   }
-  setTimeout(tick, every);
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden) { clearTimeout(timer); tick(); }
+  });
+  later();
 })();
 """
 

@@ -10,18 +10,19 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
-from ..jobs.status import JobStatus, JobStepStatus
+from ..jobs.state import JobKey, JobStageProgress, JobState
+from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
 from .html import bar, duration, e, key_params, path, url, when
-from .ports import ACTIONS, ClusterSnapshot
+from .pace import chart, pace_text
+from .ports import ACTIONS, ClusterSnapshot, HostView
 from .reader import (
-    FAILED_STEPS,
     JobFilter,
     Page,
     key_wait,
     quarantine_text,
     status_text,
+    step_status_name,
     waiting_for_worker,
 )
 
@@ -29,13 +30,6 @@ _NO_STAGES = (
     '<tr><td colspan="6" class="muted">no stage figures: the job has not planned yet, or '
     "finished without keeping them</td></tr>"
 )
-
-NOT_LIVE = (
-    '<p class="muted">This page does not refresh itself for more than {limit:,} steps: '
-    "reload it, or filter by status.</p>"
-)
-
-STEP_STATUSES = [s for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
 
 
 def status_name(status: int) -> str:
@@ -45,16 +39,11 @@ def status_name(status: int) -> str:
         return str(status)
 
 
-def done_steps(job: JobState) -> int:
-    p = job.progress
-    return p.successful_steps + p.failed_steps + p.unreachable_steps
-
-
 def job_link(job_id: str, key: JobKey) -> str:
     return url(path("jobs", job_id), key_params(key))
 
 
-def _options(selected: str, names: Iterable[str]) -> str:
+def select_options(selected: str, names: Iterable[str]) -> str:
     out = ['<option value="">any</option>']
     for name in names:
         mark = " selected" if name.lower() == selected.lower() else ""
@@ -62,15 +51,28 @@ def _options(selected: str, names: Iterable[str]) -> str:
     return "".join(out)
 
 
+def _moment(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
 def jobs_filters(wanted: JobFilter) -> str:
     status = next(iter(wanted.statuses)).name if len(wanted.statuses) == 1 else ""
+    order = "oldest" if wanted.oldest_first else ""
     return (
-        '<form method="get" action="/jobs">'
+        '<form method="get" action="/jobs" class="job-filters">'
+        f'id <input name="id" value="{e(wanted.id_prefix)}" size="16" '
+        'placeholder="id or prefix" aria-label="job id or prefix"> '
         f'scope <input name="scope" value="{e(wanted.key.scope)}" size="12"> '
         f'namespace <input name="namespace" value="{e(wanted.key.namespace)}" size="12"> '
-        f'status <select name="status">{_options(status, (s.name for s in JobStatus))}</select> '
+        f'status <select name="status">{select_options(status, (s.name for s in JobStatus))}'
+        "</select> "
         f'type <input name="type" value="{e(wanted.type or "")}" size="18"> '
+        f'created from <input name="from" type="datetime-local" '
+        f'value="{_moment(wanted.created_after)}" aria-label="created from (UTC)"> '
+        f'to <input name="to" type="datetime-local" value="{_moment(wanted.created_before)}" '
+        'aria-label="created before (UTC)"> '
         f'<input type="hidden" name="size" value="{wanted.size}">'
+        f'<input type="hidden" name="order" value="{order}">'
         '<button type="submit">Filter</button></form>'
     )
 
@@ -108,8 +110,8 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         rows.append(
             f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
             f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
-            f'<td class="status">{e(status_text(job))}</td>'
-            f"<td>{bar(done_steps(job), p.total_steps, failed)}</td>"
+            f'<td class="status">{job_badge(job)}</td>'
+            f"<td>{bar(p.done_steps, p.total_steps, failed)}</td>"
             f"<td>{e(when(job.created))}</td>"
             f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
         )
@@ -117,16 +119,27 @@ def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
         **key_params(wanted.key),
         "status": ",".join(s.name for s in sorted(wanted.statuses)),
         "type": wanted.type or "",
+        "id": wanted.id_prefix,
+        "from": _moment(wanted.created_after),
+        "to": _moment(wanted.created_before),
         "size": wanted.size,
+        "order": "oldest" if wanted.oldest_first else "",
     }
+    turned = url("/jobs", {**params, "order": "" if wanted.oldest_first else "oldest"})
+    arrow = "▴ oldest first" if wanted.oldest_first else "▾ newest first"
+    created = (
+        f'<a href="{e(turned)}" title="sort the other way">created (UTC)</a> '
+        f'<span class="muted">{arrow}</span>'
+    )
     table = (
         "<table><thead><tr><th>id</th><th>type</th><th>status</th><th>progress</th>"
-        "<th>created (UTC)</th><th>age</th></tr></thead><tbody>"
+        f"<th>{created}</th><th>age</th></tr></thead><tbody>"
         + ("".join(rows) or '<tr><td colspan="6" class="muted">no jobs</td></tr>')
         + "</tbody></table>"
     )
     title = f"<h1>Jobs in {e(wanted.key.scope)}/{e(wanted.key.namespace)}</h1>"
-    return title + table + _pager("/jobs", params, found, ("newer", "older"))
+    labels = ("older", "newer") if wanted.oldest_first else ("newer", "older")
+    return title + table + _pager("/jobs", params, found, labels)
 
 
 def _action_reason(action: str, job: JobState, can_drain: bool) -> str:
@@ -184,9 +197,73 @@ def _stage_bar(stage: JobStageProgress) -> str:
     return bar(done, stage.total_steps, stage.failed_steps + stage.unreachable_steps)
 
 
-def _facts(rows: list[tuple[str, str]]) -> str:
+def facts_table(rows: list[tuple[str, str]]) -> str:
     body = "".join(f"<tr><td>{e(name)}</td><td>{value}</td></tr>" for name, value in rows)
     return f'<table class="facts">{body}</table>'
+
+
+def history_rows(job: JobState) -> str:
+    """The status history as the story it tells: each change, the host that made it, and what
+    it means beside the one before (a recovery on another host, a resume after a stop or an
+    interruption), with a quarantine where it began."""
+    rows: list[tuple[datetime, str]] = []
+    before: int | None = None
+    before_host = ""
+    for change in job.status_changes:
+        event = _event(before, before_host, change.status, change.host)
+        why = "; ".join(change.exception_messages)
+        trace = (
+            f"<details><summary>stack trace</summary><pre>{e(change.exception_stack_trace)}"
+            "</pre></details>"
+            if change.exception_stack_trace
+            else ""
+        )
+        rows.append(
+            (
+                change.occurred,
+                f"<tr><td>{e(when(change.occurred))}</td><td>{e(status_name(change.status))}</td>"
+                f"<td>{e(change.host)}</td><td>{e(event)}</td><td>{e(why)}{trace}</td></tr>",
+            )
+        )
+        before, before_host = change.status, change.host or before_host
+    quarantine = job.quarantine
+    if quarantine is not None:
+        rows.append(
+            (
+                quarantine.since,
+                f"<tr><td>{e(when(quarantine.since))}</td><td>QUARANTINED</td><td></td>"
+                f"<td>quarantined after {quarantine.attempts} recovery attempts in a row</td>"
+                f"<td>{e(quarantine.reason)}</td></tr>",
+            )
+        )
+    return "".join(row for _, row in sorted(rows, key=lambda item: item[0]))
+
+
+def _event(before: int | None, before_host: str, status: int, host: str) -> str:
+    """What a change means after the one before it (`before`, made on `before_host`, the last
+    host named so far)."""
+    if before is None:
+        return "created"
+    moved = bool(host and before_host and host != before_host)
+    if status == JobStatus.RUNNING and before == JobStatus.RUNNING:
+        if moved:
+            return f"recovered on {host}: the owner changed from {before_host}"
+        return "resumed by a new activation after an interruption"
+    if status == JobStatus.RUNNING and before == JobStatus.STOPPED:
+        return "resumed" + (f" on {host}" if moved else "")
+    if status == JobStatus.STOPPED:
+        return "stopped"
+    if status == JobStatus.REMOVING:
+        return "removal requested"
+    if moved:
+        return f"owner changed from {before_host} to {host}"
+    return ""
+
+
+def stage_state(stage: JobStageProgress) -> str:
+    if stage.is_completed and stage.total_steps:
+        return "finished"
+    return "started" if stage.is_started else "not started"
 
 
 def job_page(
@@ -195,6 +272,7 @@ def job_page(
     now: datetime,
     *,
     actions: str,
+    failures: str = "",
     message: str = "",
     problem: str = "",
 ) -> str:
@@ -206,7 +284,7 @@ def job_page(
     if job.owner is not None:
         lease = job.owner.lease_expires
         lease_text = f", lease until {when(lease)} UTC" if lease is not None else ""
-        if lease is not None and lease < now:
+        if lease is not None and lease < now and not ended:
             lease_text += " (expired)"
         owner = f"{e(job.owner.host)} (activation {job.owner.activation_epoch}{e(lease_text)})"
     if job.has_stored_step_plan:
@@ -237,14 +315,16 @@ def job_page(
     if counts.unreadable:
         state.append(f"{counts.unreadable} step record(s) cannot be read; it will not resume")
     request = e(job.request.model_dump_json() if job.request is not None else "")
-    facts = _facts(
+    facts = facts_table(
         [
-            ("status", f'<span class="status">{e(_status(job))}</span>'),
+            ("status", f'<span class="status">{job_badge(job)}</span>'),
             ("type", e(job.type)),
             ("partition", e(job.key)),
             ("priority", str(job.priority)),
             ("adaptive window", e(job.adaptive_window.text()) if job.adaptive_window else "—"),
-            ("progress", bar(done_steps(job), p.total_steps, p.failed_steps + p.unreachable_steps)),
+            ("progress", bar(p.done_steps, p.total_steps, p.failed_steps + p.unreachable_steps)),
+            ("pace", e(pace_text(job, now)) if not ended else '<span class="muted">—</span>'),
+            ("over time", chart(job, now)),
             ("created", e(when(job.created)) + " UTC"),
             ("last change", e(when(last)) + " UTC"),
             ("running for" if not ended else "ran for", e(duration(elapsed))),
@@ -258,7 +338,7 @@ def job_page(
         ]
     )
     stages = "".join(
-        f"<tr><td>{s.stage}</td><td>{'started' if s.is_started else 'not started'}</td>"
+        f"<tr><td>{s.stage}</td><td>{stage_state(s)}</td>"
         f"<td>{_stage_bar(s)}</td>"
         f'<td class="num">{s.successful_steps}</td><td class="num">{s.failed_steps}</td>'
         f'<td class="num">{s.unreachable_steps}</td></tr>'
@@ -267,23 +347,12 @@ def job_page(
     key = key_params(job.key)
     count_rows = "".join(
         f'<tr><td><a href="{e(url(path("jobs", job.id, "steps"), {**key, "status": s.name}))}">'
-        f'{e(s.name.lower())}</a></td><td class="num">{n}</td></tr>'
+        f'{e(step_status_name(s).lower())}</a></td><td class="num">{n}</td></tr>'
         for s, n in sorted(counts.items())
     )
     if counts.unreadable:
         count_rows += f'<tr><td>unreadable</td><td class="num">{counts.unreadable}</td></tr>'
-    history = "".join(
-        f"<tr><td>{e(when(c.occurred))}</td><td>{e(status_name(c.status))}</td>"
-        f"<td>{e('; '.join(c.exception_messages))}"
-        + (
-            f"<details><summary>stack trace</summary><pre>{e(c.exception_stack_trace)}</pre>"
-            "</details>"
-            if c.exception_stack_trace
-            else ""
-        )
-        + "</td></tr>"
-        for c in job.status_changes
-    )
+    history = history_rows(job)
     notices = ""
     if message:
         notices += f'<p class="notice">{e(message)}</p>'
@@ -291,71 +360,22 @@ def job_page(
         notices += f'<p class="error">{e(problem)}</p>'
     steps_link = url(path("jobs", job.id, "steps"), key)
     return (
-        f"<h1>Job <code>{e(job.id)}</code></h1>{notices}{actions}{facts}"
+        f"<h1>Job <code>{e(job.id)}</code> {job_badge(job)}</h1>{notices}{actions}"
+        f"{failures}{facts}"
         "<h2>Stages</h2><table><thead><tr><th>stage</th><th></th><th>progress</th>"
         "<th>succeeded</th><th>failed</th><th>unreachable</th></tr></thead>"
         f"<tbody>{stages or _NO_STAGES}</tbody></table>"
         f'<h2>Steps by status <a href="{e(steps_link)}">(all steps)</a></h2>'
         f"<table><tbody>{count_rows or '<tr><td class=muted>no step records</td></tr>'}"
         f"</tbody></table>"
-        "<h2>Status history</h2><table><thead><tr><th>when (UTC)</th><th>status</th>"
-        f"<th>why</th></tr></thead><tbody>{history}</tbody></table>"
+        '<h2>History</h2><table class="history"><thead><tr><th>when (UTC)</th><th>status</th>'
+        f"<th>host</th><th>what happened</th><th>why</th></tr></thead><tbody>{history}</tbody>"
+        "</table>"
     )
 
 
-def steps_filters(job: JobState, status: str, size: int) -> str:
-    return (
-        f'<form method="get" action="{e(path("jobs", job.id, "steps"))}">'
-        f'<input type="hidden" name="scope" value="{e(job.key.scope)}">'
-        f'<input type="hidden" name="namespace" value="{e(job.key.namespace)}">'
-        f'<input type="hidden" name="size" value="{size}">'
-        'status <select name="status">'
-        f"{_options(status, [FAILED_STEPS, *(s.name for s in STEP_STATUSES)])}"
-        '</select> <button type="submit">Filter</button></form>'
-    )
-
-
-def steps_page(job: JobState, status: str, found: Page[JobStepState], now: datetime) -> str:
-    rows = []
-    for step in found.items:
-        error = ""
-        if step.error is not None and (step.error.messages or step.error.stack_trace):
-            error = f'<div class="step-error">{e("; ".join(step.error.messages))}</div>'
-            if step.error.stack_trace:
-                error += (
-                    "<details><summary>stack trace</summary>"
-                    f"<pre>{e(step.error.stack_trace)}</pre></details>"
-                )
-        last = step.status_changes[-1].occurred if step.status_changes else None
-        host = ""
-        if step.lease is not None:
-            host = step.lease.host or step.lease.node
-            if step.status == JobStepStatus.RUNNING:
-                beat = step.lease.heartbeat.astimezone(UTC).strftime("%H:%M:%S")
-                host = f"{host} (heartbeat {beat})"
-        rows.append(
-            f'<tr data-step="{e(step.id)}"><td><code>{e(step.id)}</code></td>'
-            f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
-            f'<td class="status">{e(step.status.name)}</td><td class="num">{step.attempt}</td>'
-            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
-            f'<td>{e(when(last))}</td><td>{e(host)}</td><td class="trace">{error}</td></tr>'
-        )
-    params: dict[str, object] = {
-        **key_params(job.key),
-        "status": status,
-        "size": found.size,
-    }
-    base = path("jobs", job.id, "steps")
-    return (
-        f'<h1>Steps of <a href="{e(job_link(job.id, job.key))}"><code>{e(job.id)}</code></a>'
-        f' <span class="status">{e(job.status.name)}</span></h1>'
-        "<table><thead><tr><th>id</th><th>name</th><th>type</th><th>stage</th><th>status</th>"
-        "<th>attempt</th><th>progress</th><th>last change (UTC)</th><th>host</th>"
-        "<th>error</th></tr></thead><tbody>"
-        + ("".join(rows) or '<tr><td colspan="10" class="muted">no steps</td></tr>')
-        + "</tbody></table>"
-        + _pager(base, params, found, ("previous", "next"))
-    )
+def job_badge(job: JobState) -> str:
+    return f'<span class="badge j-{e(job.status.name.lower())}">{e(status_text(job))}</span>'
 
 
 def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "") -> str:
@@ -371,29 +391,45 @@ def cluster_page(snapshot: ClusterSnapshot | None, source: str, problem: str = "
         roles = ", ".join(
             r for r, on in (("controller", node.controller), ("worker", node.worker)) if on
         )
-        hosts = "<br>".join(
-            f"<code>{e(h.name)}</code> ({e(h.role)}"
-            + (f", {h.active_runs} live step activations" if h.active_runs is not None else "")
-            + (f", {h.live_jobs} live job activations" if h.live_jobs is not None else "")
-            + (f", max {h.max_parallel_steps} in parallel" if h.max_parallel_steps else "")
-            + (f", {e(h.problem)}" if h.problem else "")
-            + ")"
-            for h in node.hosts
-        )
+        hosts = "<br>".join(_host_line(h) for h in node.hosts)
+        node_id = f"<code>{e(node.node_id[:12])}</code>"
+        if node.logs_url:
+            node_id = (
+                f'<a href="{e(node.logs_url)}" title="this node in Ray\'s dashboard">{node_id}</a>'
+            )
+        labels = " ".join(f"<code>{e(k)}={e(v)}</code>" for k, v in sorted(node.labels.items()))
+        memory = f"{node.memory_bytes / 2**30:.1f} GiB" if node.memory_bytes else "—"
         rows.append(
-            f"<tr><td><code>{e(node.node_id[:12])}</code></td><td>{e(node.hostname)}</td>"
+            f"<tr><td>{node_id}</td><td>{e(node.hostname)}</td>"
             f"<td>{e(node.address)}</td><td>{'alive' if node.alive else 'dead'}</td>"
-            f'<td>{e(roles) or "—"}</td><td class="num">{node.cpus:g}</td><td>{hosts}</td></tr>'
+            f'<td>{e(roles) or "—"}</td><td class="num">{node.cpus:g}</td>'
+            f'<td class="num">{memory}</td><td>{labels or "—"}</td><td>{hosts}</td></tr>'
         )
     return (
         f'<h1>Cluster <span class="muted">(Ray namespace {e(snapshot.namespace)})</span></h1>'
         "<table><thead><tr><th>node</th><th>host name</th><th>address</th><th>state</th>"
-        "<th>roles</th><th>CPUs</th><th>hosts</th></tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
+        "<th>roles</th><th>CPUs</th><th>memory</th><th>labels</th><th>hosts</th></tr></thead>"
+        "<tbody>" + "".join(rows) + "</tbody></table>"
         f"<h2>Job modules</h2><p>{e(', '.join(snapshot.modules)) or '—'}</p>"
         f"<h2>Job types</h2><p>{e(', '.join(snapshot.job_types)) or '—'}</p>"
     )
+
+
+def _host_line(host: HostView) -> str:
+    """A host actor: its role and live figures, and a link to its logs when there is one."""
+    figures = [host.role]
+    if host.live_jobs is not None:
+        figures.append(f"{host.live_jobs} live job activations")
+    if host.active_runs is not None:
+        figures.append(f"{host.active_runs} running steps")
+    if host.max_parallel_steps:
+        figures.append(f"at most {host.max_parallel_steps} at once")
+    if host.steps_per_second is not None:
+        figures.append(f"{host.steps_per_second:,.1f} steps/s")
+    if host.problem:
+        figures.append(host.problem)
+    logs = f' <a href="{e(host.logs_url)}">logs</a>' if host.logs_url else ""
+    return f"<code>{e(host.name)}</code> ({e(', '.join(figures))}){logs}"
 
 
 def now_utc() -> datetime:

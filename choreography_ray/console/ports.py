@@ -40,6 +40,10 @@ class HostView:
     """Live job activations (controller hosts), when the host answered."""
     problem: str = ""
     """Why the host's figures are missing (it did not answer in time, say)."""
+    steps_per_second: float | None = None
+    """Runs a worker host finished per second since the console last asked it."""
+    logs_url: str = ""
+    """The host actor's page (with its logs) in Ray's dashboard, when that is reachable."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,11 @@ class NodeView:
     worker: bool
     cpus: float
     hosts: list[HostView] = field(default_factory=list)
+    memory_bytes: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    """The node's Ray labels (`ray.io/node-id` and the like left out)."""
+    logs_url: str = ""
+    """The node's page (with its logs) in Ray's dashboard, when that is reachable."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,22 @@ class ClusterSnapshot:
     job_types: list[str]
     """Job types those modules register."""
     namespace: str
+
+
+class StepRates:
+    """Each host's step rate, from the count of runs it finished at two askings."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def rate(self, host: str, at: float, done: int) -> float | None:
+        """Runs per second since `host` was last asked (None the first time, or after the
+        host restarted and its count went back)."""
+        before = self._last.get(host)
+        self._last[host] = (at, done)
+        if before is None or at <= before[0] or done < before[1]:
+            return None
+        return (done - before[1]) / (at - before[0])
 
 
 class ClusterView(Protocol):

@@ -9,9 +9,10 @@ end: one `count` and one `query` with `skip`/`take` per page, whatever the numbe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from ..jobs.errors import JobNotFoundError
+from ..jobs.errors import AmbiguousJobIdError, JobNotFoundError
 from ..jobs.state import JobKey, JobState, JobStepState
 from ..jobs.status import (
     FAILED_STEP_STATUSES,
@@ -22,6 +23,7 @@ from ..jobs.status import (
 )
 from ..storage.protocols import JobQuery, StepCounts
 from ..storage.provider import StorageProvider
+from ..storage.step_query import StepCursor, StepQuery
 from .html import when
 
 T = TypeVar("T")
@@ -33,13 +35,19 @@ MAX_PAGE_SIZE = 500
 
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a listing shows. `page` counts from 0, newest first."""
+    """Which jobs a listing shows. `page` counts from 0, newest first unless `oldest_first`;
+    `id_prefix` keeps the jobs whose id starts with it; `created_after` (inclusive) and
+    `created_before` (exclusive) bound their creation."""
 
     key: JobKey = field(default_factory=JobKey)
     statuses: frozenset[JobStatus] = frozenset()
     type: str | None = None
     page: int = 0
     size: int = 50
+    id_prefix: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    oldest_first: bool = False
 
     def __post_init__(self) -> None:
         check_page(self.page, self.size)
@@ -84,8 +92,20 @@ class JobsReader:
     async def jobs(self, wanted: JobFilter) -> Page[JobState]:
         """A page of jobs, newest first."""
         storage = self.provider.for_key(wanted.key)
-        query = JobQuery(type=wanted.type or None, statuses=wanted.statuses, take=0)
+        query = JobQuery(
+            type=wanted.type or None,
+            statuses=wanted.statuses,
+            id_prefix=wanted.id_prefix,
+            created_after=wanted.created_after,
+            created_before=wanted.created_before,
+            take=0,
+        )
         total = await storage.jobs.count(query)
+        if wanted.oldest_first:
+            found = await storage.jobs.query(
+                query.model_copy(update={"skip": wanted.page * wanted.size, "take": wanted.size})
+            )
+            return Page(found, total, wanted.page, wanted.size)
         end = total - wanted.page * wanted.size
         if end <= 0:
             return Page([], total, wanted.page, wanted.size)
@@ -112,28 +132,62 @@ class JobsReader:
         return counts
 
     async def job(self, key: JobKey, job_id: str) -> JobState:
-        state = await self.provider.for_key(key).jobs.find(job_id)
-        if state is None:
-            raise JobNotFoundError(job_id)
-        return state
+        """The job whose id is `job_id`, or else the one job whose id starts with it."""
+        jobs = self.provider.for_key(key).jobs
+        state = await jobs.find(job_id)
+        if state is not None:
+            return state
+        query = JobQuery(id_prefix=job_id, take=MATCHES_SHOWN + 1)
+        found = {job.id: job for job in await jobs.query(query)}
+        return found[chosen_id(job_id, list(found))]
 
     async def step_counts(self, key: JobKey, job_id: str, *, verify: bool = True) -> StepCounts:
         """The job's step records per status; `verify` reads each one (see `StepStore`)."""
         return await self.provider.for_key(key).steps.count_by_status(job_id, verify=verify)
 
-    async def steps(
-        self,
-        key: JobKey,
-        job_id: str,
-        statuses: frozenset[JobStepStatus] = frozenset(),
-        page: int = 0,
-        size: int = 50,
-    ) -> Page[JobStepState]:
-        """A page of the job's steps, by stage and id. The step protocol has no paged query,
-        so the job's steps in `statuses` are read and cut here (see docs/decisions.md)."""
-        check_page(page, size)
-        found = await self.provider.for_key(key).steps.get_for_job(job_id, statuses or None)
-        return Page(found[page * size : (page + 1) * size], len(found), page, size)
+    async def step(self, key: JobKey, job_id: str, step_id: str) -> JobStepState:
+        """The step; `RecordNotFoundError` when the job has none of that id."""
+        return await self.provider.for_key(key).steps.get(job_id, step_id)
+
+    async def steps(self, key: JobKey, job_id: str, query: StepQuery) -> StepListing:
+        """A page of the job's steps (storage's paged query), with how many match in all."""
+        steps = self.provider.for_key(key).steps
+        page = await steps.query(job_id, query)
+        return StepListing(page.steps, await steps.count(job_id, query), page.next)
+
+
+@dataclass(frozen=True)
+class StepListing:
+    """A page of a job's steps: the steps, how many match the filter in all, and the cursor
+    of the next page (None on the last)."""
+
+    steps: list[JobStepState]
+    total: int
+    next: StepCursor | None
+
+
+MATCHES_SHOWN = 5
+"""How many of the jobs an ambiguous id prefix starts are named."""
+
+
+def chosen_id(given: str, found: list[str]) -> str:
+    """The one id of `found` (ids of jobs listed by the prefix `given`) that `given` starts;
+    not found, or ambiguous, is an error naming the matches."""
+    matching = [job_id for job_id in found if job_id.startswith(given)]
+    if not matching:
+        raise JobNotFoundError(given)
+    if len(matching) > 1:
+        shown = matching[:MATCHES_SHOWN]
+        raise AmbiguousJobIdError(given, shown, len(matching) > MATCHES_SHOWN)
+    return matching[0]
+
+
+def reads_every_step(job: JobState) -> bool:
+    """Whether a view of the job counts its steps by reading every record: for a job at rest,
+    where only reading tells the unreadable ones (it will not resume with them); not while it
+    runs, when the counts move every second and a large job's records take seconds to read
+    (counted then by the status stored beside each, from an index)."""
+    return job.status not in RUNNING_JOB_STATUSES
 
 
 def parse_status(name: str, kind: type[S]) -> S:
@@ -149,15 +203,34 @@ FAILED_STEPS = "failed"
 """The step filter that means every failure: FAILED and COMPLETED_WITH_FAILURE, the statuses
 whose records stay queryable after the job completes."""
 
+PREPARED = "prepared"
+"""A step's status before its first run: stored as `UNKNOWN`, shown and filtered as this."""
+
+
+def step_status_name(status: JobStepStatus) -> str:
+    """How a step's status is shown: `PREPARED` for a step prepared and never run."""
+    return PREPARED.upper() if status == JobStepStatus.UNKNOWN else status.name
+
 
 def parse_step_statuses(names: list[str]) -> frozenset[JobStepStatus]:
-    """Step statuses by name; `failed` stands for both failure statuses."""
+    """Step statuses by name; `failed` stands for both failure statuses, `prepared` (or
+    `unknown`) for a step prepared and never run."""
     wanted: set[JobStepStatus] = set()
     for name in names:
-        if name.strip().lower() == FAILED_STEPS:
+        word = name.strip().lower()
+        if word == FAILED_STEPS:
             wanted |= FAILED_STEP_STATUSES
+        elif word == PREPARED:
+            wanted.add(JobStepStatus.UNKNOWN)
         else:
-            wanted.add(parse_status(name, JobStepStatus))
+            try:
+                wanted.add(parse_status(name, JobStepStatus))
+            except ValueError:
+                choices = ", ".join(
+                    [PREPARED, FAILED_STEPS]
+                    + [s.name.lower() for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
+                )
+                raise ValueError(f"unknown step status {name!r}; one of: {choices}") from None
     return frozenset(wanted)
 
 

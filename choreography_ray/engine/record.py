@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..jobs.errors import VersionConflictError
+from ..jobs.history import noted
 from ..jobs.job import Job, JobInfo
 from ..jobs.state import JobOwner, JobState, JobStepState, StatusChange, StepDecision
 from ..jobs.status import JobStatus, JobStepStatus
@@ -87,6 +88,7 @@ class JobRecord:
                 occurred=self.ctx.clock.now(),
                 exception_messages=messages,
                 exception_stack_trace=trace,
+                host=self.ctx.owner.host if self.ctx.owner is not None else "",
             ),
         ]
         self.info.status = status
@@ -128,6 +130,9 @@ class JobRecord:
 
         A write of a job this host owns renews its ownership lease (`job_ownership_lease`)."""
         await self._store_decisions()
+        state = self.state
+        since = int((self.ctx.clock.now() - state.created).total_seconds())
+        state.progress_history = noted(state.progress_history, since, state.progress.done_steps)
         me = self.ctx.owner
         owner = self.state.owner
         if (

@@ -105,6 +105,8 @@ class StepWorker:
         self.outbox = Outbox(reporter, options, clock, lambda: self.closed, storage_for)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
+        self.runs_done = 0
+        """Runs performed to their end: the console's step rate of this worker."""
         self.closed = False
         self.metrics = StepMetrics()
 
@@ -328,6 +330,7 @@ class StepWorker:
                     await run.execute()
                 finally:
                     run.release_slot()
+                    self.runs_done += 1
                 while task.cancelling():  # a stop that landed in the run's work, handled
                     task.uncancel()
                 # Work that never waits (a no-op step) would let one runner take the whole

@@ -388,6 +388,19 @@ class InvalidJobIdError(ChoreographyError, ValueError):
         self.reason = reason
 
 
+class AmbiguousJobIdError(ChoreographyError, ValueError):
+    """Raised when a job id prefix given to a command starts the ids of several jobs; `matches`
+    lists some of them."""
+
+    def __init__(self, prefix: str, matches: list[str], more: bool) -> None:
+        listed = ", ".join(matches) + (", …" if more else "")
+        super().__init__(
+            f"{prefix!r} starts the ids of several jobs: {listed}; give more of the id"
+        )
+        self.prefix = prefix
+        self.matches = matches
+
+
 class HostError(ChoreographyError):
     """Raised when a host actor failed a call with an error that is not one of ours, or died
     during it; the message is one line, the host's traceback stays in its log."""

@@ -103,6 +103,9 @@ class StatusChange(_Model):
     occurred: datetime
     exception_messages: list[str] = Field(default_factory=list)
     exception_stack_trace: str = ""
+    host: str = ""
+    """The controller host that made the change (empty for a step's, and in records of
+    earlier releases): a change of host in a job's history is a recovery elsewhere."""
 
     _utc = field_validator("occurred")(classmethod(lambda cls, v: utc(v)))
 
@@ -140,11 +143,14 @@ class JobProgress(_Model):
     message: str = ""
 
     @property
+    def done_steps(self) -> int:
+        """Steps with an outcome the job counts."""
+        return self.successful_steps + self.failed_steps + self.unreachable_steps
+
+    @property
     def is_completed(self) -> bool:
         """Every step has an outcome the job counts."""
-        return (
-            self.successful_steps + self.failed_steps + self.unreachable_steps == self.total_steps
-        )
+        return self.done_steps == self.total_steps
 
     @property
     def is_stopped(self) -> bool:
@@ -279,6 +285,10 @@ class JobState(_Model):
     """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
     that begins it and emptied once their records are reset: a recovery in between resets
     them (see `Resuming.rerun`)."""
+    progress_history: list[tuple[int, int]] = Field(default_factory=list)
+    """(seconds since `created`, steps done) as the job's writes saw them, at most one point
+    per `history.PROGRESS_EVERY` seconds and `PROGRESS_POINTS` in all, the older ones thinned: what
+    the console draws its chart and reckons its rate from."""
     version: int = Field(default=0, exclude=True)
     """Compare-and-set token: 0 for a record never saved, then the stored version. Kept
     beside the record, never in its JSON (excluded in the schema: an `exclude=` argument

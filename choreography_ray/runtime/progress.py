@@ -49,7 +49,7 @@ class ProgressBar:
         progress = self._start()
         assert self._task is not None
         p = state.progress
-        done = p.successful_steps + p.failed_steps + p.unreachable_steps
+        done = p.done_steps
         detail = f"{state.status.name.lower()}  ok {p.successful_steps}  failed {p.failed_steps}"
         if p.stopped_steps:
             detail += f"  stopped {p.stopped_steps}"

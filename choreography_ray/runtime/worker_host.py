@@ -195,6 +195,7 @@ class WorkerHost(Host):
         return {
             "active_runs": self.worker.active_runs,
             "peak_parallel": self.worker.peak_parallel,
+            "runs_done": self.worker.runs_done,
             "max_parallel_steps": self.worker.max_parallel_steps,
             "max_parallel_sync_steps": self.worker.max_parallel_sync_steps,
             "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

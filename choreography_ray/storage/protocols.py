@@ -26,8 +26,9 @@ from .step_query import StepPage, StepQuery, key_of, matches, select_page
 class JobQuery(BaseModel):
     """A page of jobs, ordered by creation time and then id.
 
-    `statuses` empty means every status; `created_before` is exclusive; `take` <= 0 means no
-    limit.
+    `statuses` empty means every status; `created_before` is exclusive, `created_after`
+    inclusive; `id_prefix` keeps the jobs whose id starts with it (exactly: by case, no
+    wildcard); `take` <= 0 means no limit.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -35,10 +36,12 @@ class JobQuery(BaseModel):
     type: str | None = None
     statuses: frozenset[JobStatus] = Field(default_factory=frozenset)
     created_before: datetime | None = None
+    created_after: datetime | None = None
+    id_prefix: str = ""
     skip: int = 0
     take: int = 100
 
-    @field_validator("created_before")
+    @field_validator("created_before", "created_after")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         return utc(value) if value is not None else None

@@ -23,6 +23,16 @@ from ..jobs.retry import Backoff
 
 log = logging.getLogger("choreography_ray.storage")
 
+RETRY_MESSAGE = "%s: transient error on attempt %d, retrying: %s"
+"""The warning each retry logs (its template: a filter tells these records by it)."""
+
+
+def not_a_retry(record: logging.LogRecord) -> bool:
+    """A log filter that leaves out the retry warnings: for a command that prints the final
+    error as one line, where each retry's line would only repeat it."""
+    return record.msg is not RETRY_MESSAGE
+
+
 T = TypeVar("T")
 
 
@@ -93,7 +103,7 @@ class TransientRetry:
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
         log.warning(
-            "%s: transient error on attempt %d, retrying: %s",
+            RETRY_MESSAGE,
             self.what,
             state.attempt_number,
             one_line(error) if error is not None else "no error",

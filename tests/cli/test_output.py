@@ -21,6 +21,7 @@ from choreography_ray.cli.output import (
     step_json,
 )
 from choreography_ray.jobs.errors import (
+    AmbiguousJobIdError,
     ClusterAuthenticationError,
     ClusterUnreachableError,
     InvalidJobIdError,
@@ -137,14 +138,6 @@ def test_the_json_schema_of_a_step_carries_its_error():
     assert shown["error"] == {"messages": ["disk full"], "stack_trace": "Traceback …"}
 
 
-def test_an_unknown_short_id_hints_at_the_whole_one():
-    from choreography_ray.cli.common import short_id_hint
-
-    assert "jobs list --wide" in short_id_hint(JobNotFoundError("3f2a9c1e"))
-    assert short_id_hint(JobNotFoundError("3f2a9c1e" * 4)) == ""  # a whole id
-    assert short_id_hint(JobNotFoundError("rebuild-index")) == ""  # a name of the caller's
-
-
 @pytest.mark.parametrize(
     ("error", "code"),
     [
@@ -154,6 +147,7 @@ def test_an_unknown_short_id_hints_at_the_whole_one():
         (InvalidJobIdError("a/b", "contains a path separator"), 2),
         (ValueError("unknown status 'bogus'"), 2),
         (JobNotFoundError("j1"), 3),
+        (AmbiguousJobIdError("3f", ["3f2a", "3f2b"], False), 2),
         (ClusterUnreachableError("cannot reach the Ray cluster at 'auto'"), 4),
         (ClusterAuthenticationError("the cluster uses token authentication"), 4),
         (StorageUnavailableError("cannot reach storage"), 4),

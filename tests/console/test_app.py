@@ -3,6 +3,7 @@ and actions behind --allow-actions and the form token."""
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -123,6 +124,10 @@ def test_partitions_with_unfinished_jobs_are_linked(console):
         ("/jobs?scope=%20", 400, "scope"),
         ("/jobs/no-such-job", 404, "no job with id &#x27;no-such-job&#x27;"),
         ("/jobs/no-such-job/steps", 404, "no job with id"),
+        ("/jobs/j/steps?after=zzz", 400, "is not a page cursor"),
+        ("/jobs/j/steps?order=sideways", 400, "sideways"),
+        ("/jobs/j/steps?stage=x", 400, "stage must be a whole number"),
+        ("/jobs/j/steps?status=bogus", 400, "unknown step status"),
     ],
 )
 def test_bad_input_is_a_one_line_error_page(console, target, code, message):
@@ -137,7 +142,7 @@ def test_a_job_page_shows_stages_counts_history_and_owner(console):
     job_id = start(console, "a", "b", job_id="two-steps")
     status, page = get(console, f"/jobs/{job_id}")
     assert status == 200
-    assert '<span class="status">RUNNING</span>' in page
+    assert '<span class="badge j-running">RUNNING</span>' in page
     assert 'aria-valuenow="1" aria-valuemax="2"' in page  # one of two steps done
     assert "completed_successfully" in page and "running" in page  # step counts
     assert "owner host" in page
@@ -159,28 +164,48 @@ def test_a_failed_steps_error_and_stack_trace_are_shown(console):
     assert 'data-step="' in page and "good" not in re.sub(r"<[^>]+>", " ", page).split()
 
 
-def test_a_steps_page_of_a_large_running_job_does_not_refresh_itself(console, monkeypatch):
-    from choreography_ray.console import app
-
+def test_a_steps_page_refreshes_itself_while_its_job_runs(console):
     fixtures.SCRIPT.behaviour["k2"].block = True
     job_id = start(console, "k0", "k1", "k2")
     _, page = get(console, f"/jobs/{job_id}/steps")
-    assert 'data-live="1"' in page
-    monkeypatch.setattr(app, "LIVE_STEPS", 2)
-    _, page = get(console, f"/jobs/{job_id}/steps")
-    assert 'data-live="0"' in page and "does not refresh itself for more than 2 steps" in page
-    _, page = get(console, f"/jobs/{job_id}/steps?status=running")  # one step: live again
-    assert 'data-live="1"' in page
+    assert 'data-live="1"' in page  # one index range per refresh, however large the job
     fixtures.SCRIPT.release("k2")
+    console.run(console.cluster.wait(job_id))
+    _, page = get(console, f"/jobs/{job_id}/steps")
+    assert 'data-live="0"' in page
 
 
-def test_steps_are_paged(console):
+def _next_page(page: str) -> str | None:
+    match = re.search(r'rel="next" href="([^"]+)"', page)
+    return html.unescape(match.group(1)) if match else None
+
+
+def test_steps_are_paged_by_cursor_in_plan_order(console):
     keys = [f"k{n:02d}" for n in range(7)]
     job_id = start(console, *keys)
-    _, first = get(console, f"/jobs/{job_id}/steps?size=3")
-    _, last = get(console, f"/jobs/{job_id}/steps?size=3&page=2")
-    assert "page 1 of 3 (7 in all)" in first
-    assert first.count("<tr data-step=") == 3 and last.count("<tr data-step=") == 1
+    pages = [get(console, f"/jobs/{job_id}/steps?size=3")[1]]
+    while (target := _next_page(pages[-1])) is not None:
+        assert "after=" in target
+        pages.append(get(console, target)[1])
+        assert len(pages) < 5
+    assert [page.count("<tr data-step=") for page in pages] == [3, 3, 1]
+    assert all("7 matching steps" in page for page in pages)
+    listed = [re.findall(r'data-step="([^"]+)"', page) for page in pages]
+    steps = console.run(console.cluster.storage().steps.get_for_job(job_id))
+    in_plan = [s.id for s in sorted(steps, key=lambda s: (s.stage, s.position, s.id))]
+    assert [i for page in listed for i in page] == in_plan
+
+
+def test_steps_are_found_by_id_prefix_and_sorted_by_last_change(console):
+    job_id = start(console, "alpha", "beta", "gamma")
+    steps = console.run(console.cluster.storage().steps.get_for_job(job_id))
+    wanted = steps[1].id
+    _, page = get(console, f"/jobs/{job_id}/steps?prefix={wanted[:-2]}")
+    assert re.findall(r'data-step="([^"]+)"', page) == [wanted]
+    _, page = get(console, f"/jobs/{job_id}/steps?order=changed")
+    newest_first = sorted(steps, key=lambda s: (s.last_change, s.id), reverse=True)
+    assert re.findall(r'data-step="([^"]+)"', page) == [s.id for s in newest_first]
+    assert 'title="sort by stage"' in page  # the other order is a link
 
 
 def test_user_text_is_escaped(console):

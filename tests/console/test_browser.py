@@ -29,9 +29,20 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
 WAIT = 20.0
 """Seconds the browser may take to show what a test waits for."""
 
+
+def missing_browser(chromium: str = CHROMIUM, chromedriver: str = CHROMEDRIVER) -> str | None:
+    """What of the browser is not installed, by name and with the package to install; None
+    when both are there."""
+    missing = []
+    if not Path(chromium).exists():
+        missing.append(f"Chromium (no {chromium}; apt-get install chromium)")
+    if not shutil.which(chromedriver):
+        missing.append(f"chromedriver (no {chromedriver}; apt-get install chromium-driver)")
+    return " and ".join(missing) or None
+
+
 pytestmark = pytest.mark.skipif(
-    not (Path(CHROMIUM).exists() and shutil.which(CHROMEDRIVER)),
-    reason=f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)",
+    missing_browser() is not None, reason=f"not installed: {missing_browser()}"
 )
 
 
@@ -119,8 +130,10 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     job_id = result.job_id
     browser.get(f"{console.url}/jobs")
     until(browser, shows("0/4"), "the running job at 0 of 4")
+    browser.execute_script("window.notReloaded = true;")  # a reload would forget it
     release(console, "a", "b")
     until(browser, shows("2/4"), "progress advancing to 2 of 4 without a reload")
+    assert browser.execute_script("return window.notReloaded === true;")
     screenshot(browser, "console-jobs.png")
 
     click(browser, By.LINK_TEXT, job_id)
@@ -129,6 +142,9 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     # finding it and reading its text (a stale element, seen in two full runs of four).
     until(browser, shows("started"), "stage 0 started")
     until(browser, shows("2/2"), "stage 0 at 2 of 2")
+    chart = browser.find_element(By.CSS_SELECTOR, "svg.chart")
+    assert "progress over time" in chart.get_attribute("aria-label")
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
     screenshot(browser, "console-job.png")
     release(console, "c", "d")
     until(browser, shows("4/4"), "the job's page following it to 4 of 4")
@@ -154,17 +170,18 @@ def test_open_a_job_and_page_through_its_steps_to_a_failed_one(browser, console)
 
     click(browser, By.PARTIAL_LINK_TEXT, "all steps")
     seen = []
-    for page in (1, 2, 3):  # step ids are random: the failed one is on any page
-        if page > 1:
+    for page in (0, 1, 2):  # in plan order, five to a page: shard-07 is on the second
+        if page:
             click(browser, By.PARTIAL_LINK_TEXT, "next")
-        until(browser, shows(f"page {page} of 3 (12 in all)"), f"page {page} of the steps")
+        until(browser, shows(f"shard-{page * 5:02d}"), f"page {page + 1} of the steps")
+        assert "12 matching steps" in main_text(browser)
         seen.append(main_text(browser))
-    assert sum("step shard-07 broke" in text for text in seen) == 1
+    assert ["step shard-07 broke" in text for text in seen] == [False, True, False]
     assert sum(text.count("scenario.key-step") for text in seen) == 12
 
     Select(browser.find_element(By.NAME, "status")).select_by_value("failed")
     browser.find_element(By.XPATH, "//button[text()='Filter']").click()
-    until(browser, shows("page 1 of 1 (1 in all)"), "only the failed step")
+    until(browser, shows("1 matching steps"), "only the failed step")
     screenshot(
         browser, "console-steps.png"
     )  # before the trace opens: it names this machine's paths
@@ -240,3 +257,69 @@ def _quoted(job_id: str) -> str:
     from urllib.parse import quote
 
     return quote(job_id, safe="")
+
+
+def test_search_jobs_by_an_id_prefix(browser, console):
+    from selenium.webdriver.common.by import By
+
+    for job_id in ("nightly-2026-05-01", "nightly-2026-05-02", "weekly-2026-w18"):
+        start(console, "x", job_id=job_id)
+    browser.get(f"{console.url}/jobs")
+    until(browser, shows("weekly-2026-w18"), "every job listed")
+    field = browser.find_element(By.NAME, "id")
+    field.send_keys("nightly-2026-05-0")
+    browser.find_element(By.XPATH, "//form[@class='job-filters']//button").click()
+    until(browser, lambda d: "weekly" not in main_text(d), "only the jobs the prefix starts")
+    shown = main_text(browser)
+    assert "nightly-2026-05-01" in shown and "nightly-2026-05-02" in shown
+    assert "id=nightly-2026-05-0" in browser.current_url  # the search can be bookmarked
+
+
+def test_a_failed_step_s_error_comes_first_on_its_job_s_page(browser, console):
+    from selenium.webdriver.common.by import By
+
+    fixtures.SCRIPT.behaviour["shard-3"].raise_error = True
+    fixtures.SCRIPT.retry = False
+    job_id = start(console, *(f"shard-{n}" for n in range(6)), job_id="failing-job")
+    browser.get(f"{console.url}/jobs/{job_id}")
+    until(browser, shows("Failed steps (1)"), "the failed steps, listed")
+    first = browser.execute_script(
+        "var main = document.getElementById('main');"
+        "var failures = main.querySelector('section.failures');"
+        "var facts = main.querySelector('table.facts');"
+        "return failures.compareDocumentPosition(facts) & Node.DOCUMENT_POSITION_FOLLOWING;"
+    )
+    assert first, "the failures come before the job's facts"
+    failure = browser.find_element(By.CSS_SELECTOR, "section.failures li")
+    assert "step shard-3 broke" in failure.text
+    click(browser, By.CSS_SELECTOR, "section.failures li a")
+    until(browser, shows("Status history"), "the failed step's own page")
+    shown = main_text(browser)
+    assert "step shard-3 broke" in shown and "checkpoint" in shown and "attempt" in shown
+    screenshot(browser, "console-step.png")
+
+
+def test_live_refresh_pauses_while_the_tab_is_hidden(browser, console):
+    fixtures.SCRIPT.behaviour["slow"].block = True
+    job_id = start(console, "slow")
+    browser.get(f"{console.url}/jobs/{job_id}")
+    until(browser, shows("RUNNING"), "the running job")
+    count = (
+        "window.asked = 0; var real = window.fetch;"
+        "window.fetch = function () { window.asked += 1; return real.apply(this, arguments); };"
+    )
+    browser.execute_script(count)
+    until(browser, lambda d: d.execute_script("return window.asked") >= 2, "refreshes")
+    hide = (
+        "Object.defineProperty(document, 'hidden', {value: %s, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange')); window.asked = 0;"
+    )
+    browser.execute_script(hide % "true")
+    paused = "return document.body.dataset.live === 'paused'"
+    until(browser, lambda d: d.execute_script(paused), "the refresh pausing")
+    # Paused, the script asks nothing and schedules nothing: the next ask is the tab's return.
+    assert browser.execute_script("return window.asked") <= 1  # one may have been under way
+    browser.execute_script("window.asked = 0;")
+    browser.execute_script(hide % "false")
+    until(browser, lambda d: d.execute_script("return window.asked") >= 1, "refreshing again")
+    release(console, "slow")

@@ -112,14 +112,15 @@ def test_a_quarantined_job_says_why_and_that_resume_takes_it_out():
         owner=JobOwner(host="gone", activation_epoch=1, lease_expires=lease),
     )
     page = render(poisoned)
-    assert '<span class="status">RUNNING (quarantined)</span>' in page
+    assert '<span class="badge j-running">RUNNING (quarantined)</span>' in page
     assert "quarantined since 2026-05-01 11:59:00 UTC after 3 recovery attempts" in page
     assert "&lt;b&gt;boom&lt;/b&gt;; Resume takes it out of quarantine" in page  # escaped
     assert "recovers it" not in page  # the sweep leaves it alone, whatever its lease
-    assert '<span class="status">RUNNING</span>' in render(job())
+    assert '<span class="badge j-running">RUNNING</span>' in render(job())
     listed = pages.jobs_page(JobFilter(), Page([poisoned, job(id="j2")], 2, 0, 50), NOW)
-    assert '<td class="status">RUNNING (quarantined)</td>' in listed
-    assert '<td class="status">RUNNING</td>' in listed
+    badge = '<td class="status"><span class="badge j-running">RUNNING{}</span></td>'
+    assert badge.format(" (quarantined)") in listed
+    assert badge.format("") in listed
 
 
 def test_resume_is_offered_for_a_quarantined_job_whatever_its_status():

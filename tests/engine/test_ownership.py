@@ -94,3 +94,27 @@ def test_starting_an_existing_job_again_claims_it_like_any_activation(run, clust
     assert again.error == StartJobError.ALREADY_BEEN_PREPARED and kept == "host-a"
     assert taken.error == StartJobError.ALREADY_BEEN_PREPARED
     assert stored.owner.host == "host-b" and live is not None
+
+
+def test_the_status_history_names_the_host_of_each_change_and_the_record_its_progress(
+    run, cluster, script
+):
+    """What the console tells the story from: which host made each change (a change of host
+    is a recovery elsewhere), and the progress each write of the job saw."""
+    script.behaviour["a"].block = True
+    alive = {"host-a", "host-b"}
+    first, second = host(cluster, "host-a", alive), host(cluster, "host-b", alive)
+
+    async def scenario():
+        result = await first.start(ScenarioJob, request("a", "b"))
+        await cluster.settle()
+        alive.discard("host-a")
+        await second.stop(result.job_id)
+        await cluster.settle()
+        return await cluster.storage().jobs.get(result.job_id)
+
+    state = run(scenario())
+    hosts = [(JobStatus(c.status).name, c.host) for c in state.status_changes]
+    assert hosts[0] == ("PREPARING_JOB", "host-a")
+    assert hosts[-1] == ("STOPPED", "host-b")
+    assert state.progress_history[0] == (0, 0)  # noted by the job's first write

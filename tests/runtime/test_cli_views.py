@@ -163,5 +163,5 @@ def test_the_console_serves_the_cluster_it_joined(finished):
         ray.kill(handle)
     assert good in jobs_page
     assert "choreography:controller:" in cluster_page and "alive" in cluster_page
-    assert "live job activations" in cluster_page and "live step activations" in cluster_page
+    assert "live job activations" in cluster_page and "running steps" in cluster_page
     assert "tests.runtime.ray_jobs" in cluster_page

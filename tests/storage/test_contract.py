@@ -33,7 +33,6 @@ from choreography_ray.jobs import (
     VersionConflictError,
 )
 from choreography_ray.storage import JobQuery, StepCounts
-from choreography_ray.storage.memory import MemoryStorage
 
 from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
@@ -205,6 +204,36 @@ def test_created_before_is_exclusive(run, storage, make):
     before = JobQuery(created_before=make.at(2))
     assert _ids(run(storage.jobs.query(before))) == ["j0", "j1"]
     assert run(storage.jobs.count(before)) == 2
+
+
+def test_created_after_is_inclusive_and_bounds_a_range_with_created_before(run, storage, make):
+    for minute in range(5):
+        run(storage.jobs.save(make.job(f"j{minute}", created=make.at(minute))))
+    after = JobQuery(created_after=make.at(2))
+    assert _ids(run(storage.jobs.query(after))) == ["j2", "j3", "j4"]
+    between = JobQuery(created_after=make.at(1), created_before=make.at(3))
+    assert _ids(run(storage.jobs.query(between))) == ["j1", "j2"]
+    assert run(storage.jobs.count(between)) == 2
+
+
+def test_an_id_prefix_keeps_the_jobs_whose_id_starts_with_it_exactly(run, storage, make):
+    ids = ["3f2a9c1e-a", "3f2a9c1e-b", "3F2A9C1E-c", "3f2b", "3f%_", "3f%x", "4"]
+    for minute, job_id in enumerate(ids):
+        run(storage.jobs.save(make.job(job_id, created=make.at(minute))))
+
+    def matching(prefix: str) -> list[str]:
+        query = JobQuery(id_prefix=prefix)
+        found = _ids(run(storage.jobs.query(query)))
+        assert run(storage.jobs.count(query)) == len(found)
+        return found
+
+    assert matching("3f2a9c1e") == ["3f2a9c1e-a", "3f2a9c1e-b"]
+    assert matching("3F") == ["3F2A9C1E-c"]
+    assert matching("3f%_") == ["3f%_"]
+    assert matching("3f%") == ["3f%_", "3f%x"]
+    assert matching("3f2a9c1e-b") == ["3f2a9c1e-b"]
+    assert matching("5") == []
+    assert len(matching("")) == len(ids)
 
 
 def test_skip_and_take_page_through_the_order(run, storage, make):
@@ -786,19 +815,16 @@ def test_unreadable_steps_are_counted_apart_never_dropped(
 def test_a_count_by_stored_status_counts_every_record_without_reading_one(
     run, support, provider, storage, key, make
 ):
-    """What `jobs show` asks while a job runs: one grouped query, not a million decodes. Every
-    record counts by the status stored beside it, readable or not; memory always reads."""
+    """What `jobs show` and the console ask while a job runs: one grouped query, not a million
+    decodes. Every record counts by the status stored beside it, readable or not."""
     _job_with_unreadable_steps(run, support, provider, storage, key, make)
     counts = run(storage.steps.count_by_status("job", verify=False))
-    if isinstance(provider, MemoryStorage):  # memory, and the defaults provider built on it
-        assert counts == run(storage.steps.count_by_status("job")) and counts.verified
-    else:
-        assert dict(counts) == {
-            JobStepStatus.COMPLETED_SUCCESSFULLY: 1,
-            JobStepStatus.FAILED: 2,
-            JobStepStatus.RUNNING: 2,
-        }
-        assert counts.unreadable == 0 and not counts.verified
+    assert dict(counts) == {
+        JobStepStatus.COMPLETED_SUCCESSFULLY: 1,
+        JobStepStatus.FAILED: 2,
+        JobStepStatus.RUNNING: 2,
+    }
+    assert counts.unreadable == 0 and not counts.verified
     assert counts.total == 5
     assert run(storage.steps.count_by_status("nobody", verify=False)) == {}
 

@@ -15,6 +15,7 @@ from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
 from ..codec import JobLookup, check_id, check_job_key
 from ..protocols import JobQuery
+from ..step_query import PREFIX_END
 from .documents import raw_record, storable, stored_version
 from .partition import MongoRecords
 
@@ -102,8 +103,15 @@ class MongoJobStorage(JobLookup, MongoRecords):
             filter["type"] = query.type
         if query.statuses:
             filter["status"] = {"$in": sorted(int(s) for s in query.statuses)}
+        created: dict[str, Int64] = {}
         if query.created_before is not None:
-            filter["created"] = {"$lt": Int64(to_micros(query.created_before))}
+            created["$lt"] = Int64(to_micros(query.created_before))
+        if query.created_after is not None:
+            created["$gte"] = Int64(to_micros(query.created_after))
+        if created:
+            filter["created"] = created
+        if query.id_prefix:
+            filter["_id"] = {"$gte": query.id_prefix, "$lt": query.id_prefix + PREFIX_END}
         return filter
 
     def _decode_all(self, documents: Iterable[Mapping[str, Any]]) -> list[JobState]:

@@ -13,6 +13,7 @@ from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
 from ..codec import JobLookup, check_id, check_job_key
 from ..protocols import JobQuery
+from ..step_query import PREFIX_END
 from .base import SqlRecords, scalar
 from .schema import jobs_table
 
@@ -117,6 +118,11 @@ class SqlJobStorage(JobLookup, SqlRecords):
             conditions.append(jobs_table.c.status.in_(sorted(int(s) for s in query.statuses)))
         if query.created_before is not None:
             conditions.append(jobs_table.c.created < to_micros(query.created_before))
+        if query.created_after is not None:
+            conditions.append(jobs_table.c.created >= to_micros(query.created_after))
+        if query.id_prefix:
+            conditions.append(jobs_table.c.id >= query.id_prefix)
+            conditions.append(jobs_table.c.id < query.id_prefix + PREFIX_END)
         return self._where(*conditions)
 
     async def query(self, query: JobQuery | None = None) -> list[JobState]:
