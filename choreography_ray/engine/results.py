@@ -19,9 +19,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..jobs.errors import ChoreographyError, ItemFailed, ResultsTooLargeError
+from ..jobs.errors import ChoreographyError
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.results import GATHER_LIMIT, ItemResult
+from ..jobs.results import GATHER_LIMIT, ItemFailed, ItemResult, ResultsTooLargeError
 from ..jobs.state import JobState, JobStepState, StepError
 from ..jobs.status import JobStatus, JobStepStatus
 from ..jobs.step import JobStep

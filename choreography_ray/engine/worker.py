@@ -105,8 +105,7 @@ class StepWorker:
         self.outbox = Outbox(reporter, options, clock, lambda: self.closed, storage_for)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_parallel = 0
-        self.runs_done = 0
-        """Runs performed to their end: the console's step rate of this worker."""
+        self.runs_done = 0  # runs performed to their end: the console's step rate here
         self.closed = False
         self.metrics = StepMetrics()
 
@@ -299,10 +298,8 @@ class StepWorker:
     def _pump(self) -> None:
         """Add runners while runs wait and slots are free; each runner takes run after run
         from the queue, so a task is made per slot, not per run."""
-        wanted = min(
-            len(self._queue) - (self._runners - self._performing),  # runs no runner awaits
-            self.max_parallel_steps - self._runners,
-        )
+        waiting = len(self._queue) - (self._runners - self._performing)  # no runner awaits
+        wanted = min(waiting, self.max_parallel_steps - self._runners)
         if wanted <= 0 or self.closed or self.writers.holding_back:  # the cheap test first
             return
         loop = asyncio.get_running_loop()

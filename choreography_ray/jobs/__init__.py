@@ -20,7 +20,7 @@ from .mapping import MapJob  # noqa: F401 - registered here, so every host runs 
 from .options import JobsOptions, parse_duration
 from .rates import RateLimit
 from .registry import Payload, TypeKind, TypeRegistry, default_registry, register_type
-from .results import GATHER_LIMIT, ItemResult
+from .results import GATHER_LIMIT, ItemFailed, ItemResult, ResultsTooLargeError
 from .retry import RetryPolicy
 from .state import (
     DEFAULT_NAMESPACE,
@@ -73,7 +73,9 @@ __all__ = [
     "step",
     # results
     "GATHER_LIMIT",
+    "ItemFailed",
     "ItemResult",
+    "ResultsTooLargeError",
     # options
     "JobsOptions",
     "RateLimit",

@@ -27,7 +27,6 @@ __all__ = [
     "InvalidOperationError",
     "InvalidOptionError",
     "InvalidRequestError",
-    "ItemFailed",
     "JobNotFoundError",
     "JobOperationError",
     "JobQuarantinedError",
@@ -39,7 +38,6 @@ __all__ = [
     "RecordNotFoundError",
     "RemoveJobError",
     "RemoveJobFailed",
-    "ResultsTooLargeError",
     "ResumeJobFailed",
     "ResumeJobSuccess",
     "RetryFailedRefused",
@@ -421,32 +419,3 @@ class ClusterAuthenticationError(ConfigurationError):
 class ClusterUnreachableError(ConfigurationError):
     """Raised when no Ray cluster answers at the address given (or none runs on this machine
     for "auto")."""
-
-
-class ItemFailed(ChoreographyError):
-    """An item of a map without a result: its step failed, never ran (its job stopped, or a
-    stage before it failed) or its record cannot be read. `jobs.results` yields it in the
-    item's place; `jobs.gather` raises it. `status` is the step's status by name,
-    `messages` what its last attempt raised ("ValueError: ...") and `error_type` the
-    exception's type (`module.QualName`)."""
-
-    def __init__(
-        self,
-        index: int,
-        *,
-        status: str,
-        messages: list[str],
-        error_type: str = "",
-        step_id: str = "",
-    ) -> None:
-        super().__init__(f"item {index} has no result ({status}): {'; '.join(messages)}")
-        self.index = index
-        self.status = status
-        self.messages = messages
-        self.error_type = error_type
-        self.step_id = step_id
-
-
-class ResultsTooLargeError(ChoreographyError, ValueError):
-    """Raised by `jobs.gather` for a job of more items than it returns as one list: iterate
-    `jobs.results(job_id)`, which reads them a page at a time."""

@@ -12,10 +12,9 @@ from datetime import UTC, datetime, timedelta
 from choreography_ray.console import pages, step_pages
 from choreography_ray.console.pace import pace, pace_text
 from choreography_ray.console.reader import JobFilter, Page, StepListing
+from choreography_ray.jobs.history import PROGRESS_EVERY, PROGRESS_POINTS, noted
 from choreography_ray.jobs.registry import Payload
 from choreography_ray.jobs.state import (
-    PROGRESS_EVERY,
-    PROGRESS_POINTS,
     JobOwner,
     JobProgress,
     JobStageProgress,
@@ -25,7 +24,6 @@ from choreography_ray.jobs.state import (
     StatusChange,
     StepError,
     StepLease,
-    noted,
 )
 from choreography_ray.jobs.status import JobStatus, JobStepStatus
 from choreography_ray.storage import StepOrder, StepQuery
