@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import choreography_ray as cr
 from choreography_ray.jobs import JobStatus
 
 from ..engine import fixtures
@@ -340,3 +341,25 @@ def test_a_loopback_console_answers_only_to_loopback_names(console):
         except urllib.error.HTTPError as error:
             status = error.code
         assert status == code, host
+
+
+@cr.step(name="tests.console.halve")
+async def halve(n: int) -> int:
+    if n == 3:
+        raise ValueError("three is odd")
+    return n // 2
+
+
+def test_a_map_job_shows_like_any_job_with_its_failed_item_first(console):
+    """`jobs.map` makes an ordinary job: listed, its page with the failed item's error first,
+    its steps by item name."""
+    result = console.run(console.cluster.map(halve, range(5), job_id="halves"))
+    console.run(console.cluster.settle())
+    assert result.job_id == "halves"
+    _, listing = get(console, "/")
+    assert "halves" in job_ids_in(listing)
+    status, page = get(console, "/jobs/halves")
+    assert status == 200 and "choreography.map" in page
+    assert "three is odd" in page  # failures first, with their error
+    _, steps = get(console, "/jobs/halves/steps")
+    assert all(f"item {n}" in steps for n in range(5))
