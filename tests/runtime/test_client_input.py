@@ -451,10 +451,11 @@ def test_a_bad_connect_argument_leaves_the_store_untouched(no_cluster, stored, a
     assert _digest(path) == before
 
 
-def test_storage_check_of_a_dead_postgres_says_one_line_per_retry_and_one_at_the_end(
+def test_storage_check_of_a_dead_postgres_says_one_line_and_logs_one_line_per_retry(
     monkeypatch, caplog
 ):
-    """psycopg's message spans three lines: each retry is still one log line, the error one."""
+    """psycopg's message spans three lines: the command's error is one line, with no retry
+    warning before it (docs/running.md); a host's log still says each retry in one line."""
     import choreography_ray.storage
 
     no_wait = functools.partial(open_storage, sleep=lambda seconds: None)
@@ -464,6 +465,18 @@ def test_storage_check_of_a_dead_postgres_says_one_line_per_retry_and_one_at_the
     assert result.exit_code == 4
     line = _one_line(result.output)
     assert line.startswith(f"error: storage {DEAD_POSTGRES} failed 5 times with a transient")
+    assert not [r for r in caplog.records if r.name == "choreography_ray.storage"]
+
+    async def opened() -> None:
+        async with no_wait(DEAD_POSTGRES):
+            pass
+
+    caplog.clear()
+    with (
+        caplog.at_level(logging.WARNING, logger="choreography_ray.storage"),
+        pytest.raises(cr.ChoreographyError),
+    ):
+        asyncio.run(opened())
     retries = [r.getMessage() for r in caplog.records if r.name == "choreography_ray.storage"]
     assert len(retries) == 4  # the default 5 attempts: one line for each retry
     assert all("\n" not in retry and "retrying" in retry for retry in retries)
