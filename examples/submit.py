@@ -43,9 +43,9 @@ def main() -> int:
     jobs = cr.connect(args.storage, address="auto", modules=["cpu_jobs"])
     if args.job == "map":
         # A step function of the submitted working directory, found by every host through it.
-        from cpu_jobs import is_prime
+        from cpu_jobs import prime
 
-        job_id = jobs.map(is_prime, range(args.items)).job_id
+        job_id = jobs.map(prime, range(args.items)).job_id
     else:
         from cpu_jobs import CountPrimes, CountPrimesRequest
 
