@@ -17,14 +17,14 @@ RAY_TESTS = TESTS / "runtime"
 modules, which run the examples, the documented commands and the deployment files."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Every test that starts Ray goes to one xdist group, so that no two Ray instances of
     the suite run at once (the machine has two cores, and some tests stop a Ray's control
-    store or a node); the in-process tests run in the other process meanwhile."""
-    for item in items:
-        path = Path(str(item.path))
-        if RAY_TESTS in path.parents or path.parent == TESTS:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+    store or a node); the in-process tests run in the other process meanwhile. Marked as each
+    test is collected: xdist reads the groups when the collection is modified."""
+    path = Path(str(item.path))
+    if RAY_TESTS in path.parents or path.parent == TESTS:
+        item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 Run = Callable[[Coroutine[Any, Any, T]], T]
