@@ -144,7 +144,10 @@ class RayClusterView:
 
 
 def reachable_dashboard() -> str:
-    """The URL of Ray's dashboard when it answers within `DASHBOARD_SECONDS`, else ""."""
+    """The URL of Ray's dashboard when it answers within `DASHBOARD_SECONDS`, else "". A
+    dashboard that asks for Ray's token (401, 403) answers: the operator's browser holds the
+    token; the console does not need it."""
+    import urllib.error
     import urllib.request
 
     try:
@@ -157,5 +160,7 @@ def reachable_dashboard() -> str:
     try:
         with urllib.request.urlopen(f"{base}/api/version", timeout=DASHBOARD_SECONDS):
             return base
+    except urllib.error.HTTPError as error:
+        return base if error.code in (401, 403) else ""
     except Exception:
         return ""
