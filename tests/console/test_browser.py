@@ -77,15 +77,20 @@ def console() -> Iterator[ConsoleHarness]:
 
 
 def until(driver: Any, condition: Any, what: str) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(condition, what)
+    # A condition that found an element live refresh then replaced is asked again.
+    wait = WebDriverWait(
+        driver, WAIT, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]
+    )
+    return wait.until(condition, what)
 
 
 def main_text(driver: Any) -> str:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.ID, "main").text
+    """The live part's text, read in the page in one step: live refresh replaces the whole
+    element (outerHTML), so a found element can go stale before its text is read."""
+    return str(driver.execute_script("return document.getElementById('main').innerText;"))
 
 
 def shows(text: str) -> Any:
@@ -142,9 +147,11 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     # finding it and reading its text (a stale element, seen in two full runs of four).
     until(browser, shows("started"), "stage 0 started")
     until(browser, shows("2/2"), "stage 0 at 2 of 2")
-    chart = browser.find_element(By.CSS_SELECTOR, "svg.chart")
-    assert "progress over time" in chart.get_attribute("aria-label")
-    assert browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
+    chart = browser.execute_script(  # in one step, for the same reason as main_text
+        "var c = document.querySelector('svg.chart');"
+        "return c && [c.getAttribute('aria-label'), c.querySelectorAll('polyline').length];"
+    )
+    assert chart and "progress over time" in chart[0] and chart[1] > 0, chart
     screenshot(browser, "console-job.png")
     release(console, "c", "d")
     until(browser, shows("4/4"), "the job's page following it to 4 of 4")
@@ -223,14 +230,17 @@ def test_stop_and_resume_a_job_from_its_page(browser, console):
     until(browser, shows("stop: requested"), "the stop's notice")
     until(browser, shows("STOPPED"), "the stopped job")
     until(browser, lambda d: _button(d, "resume").is_enabled(), "resume offered")
-    assert not _button(browser, "stop").is_enabled()
+    until(browser, lambda d: not _button(d, "stop").is_enabled(), "stop no longer offered")
 
     release(console, "slow")
     click(browser, By.CSS_SELECTOR, "button[value='resume']")
     browser.switch_to.alert.accept()
     until(browser, shows("resume: requested"), "the resume's notice")
     until(browser, shows("COMPLETED_SUCCESSFULLY"), "the resumed job completing")
-    assert browser.find_element(By.ID, "main").get_attribute("data-live") == "0"
+    until(browser, lambda d: d.execute_script(live_flag) == "0", "live refresh ended")
+
+
+live_flag = "return document.getElementById('main').dataset.live;"
 
 
 def _button(driver: Any, action: str) -> Any:
