@@ -246,7 +246,7 @@ def test_the_demo_s_rate_counts_the_steps_of_this_run(capsys):
 
 
 def test_the_browser_tests_skip_naming_what_is_missing(tmp_path: Path):
-    from ..console.test_browser import missing_browser
+    from ..console.browsing import missing_browser
 
     chromium = tmp_path / "chromium"
     assert missing_browser(str(chromium), "no-such-driver") == (

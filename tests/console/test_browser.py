@@ -10,7 +10,6 @@ tree as it was).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,10 @@ from choreography_ray.jobs import JobStatus
 
 from ..engine import fixtures
 from ..engine.fixtures import ScenarioJob, request
+from .browsing import chromium, missing_browser, until
 from .harness import ConsoleHarness
 
-CHROMIUM = os.environ.get("CHOREOGRAPHY_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CHOREOGRAPHY_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
-WAIT = 20.0
-"""Seconds the browser may take to show what a test waits for."""
-
-
-def missing_browser(chromium: str = CHROMIUM, chromedriver: str = CHROMEDRIVER) -> str | None:
-    """What of the browser is not installed, by name and with the package to install; None
-    when both are there."""
-    missing = []
-    if not Path(chromium).exists():
-        missing.append(f"Chromium (no {chromium}; apt-get install chromium)")
-    if not shutil.which(chromedriver):
-        missing.append(f"chromedriver (no {chromedriver}; apt-get install chromium-driver)")
-    return " and ".join(missing) or None
 
 
 pytestmark = pytest.mark.skipif(
@@ -48,43 +33,14 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,860",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
 def console() -> Iterator[ConsoleHarness]:
     with ConsoleHarness(refresh_seconds=0.2, page_size=5) as harness:
         yield harness
-
-
-def until(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    # A condition that found an element live refresh then replaced is asked again.
-    wait = WebDriverWait(
-        driver, WAIT, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]
-    )
-    return wait.until(condition, what)
 
 
 def main_text(driver: Any) -> str:
