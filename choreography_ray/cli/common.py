@@ -110,6 +110,15 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", envvar=CONFIG_ENV, help="TOML file with a \\[jobs] table of options."),
 ]
+ModuleOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--module",
+        "-m",
+        help="A module that defines job types, imported to read their records (repeatable): "
+        "for --address none; a cluster's own job modules are imported without it.",
+    ),
+]
 ScopeOption = Annotated[str, typer.Option("--scope", help="Storage scope of the jobs.")]
 NamespaceOption = Annotated[str, typer.Option("--namespace", help="Namespace of the jobs.")]
 

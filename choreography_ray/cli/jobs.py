@@ -20,6 +20,7 @@ from ..storage import JobQuery
 from .common import (
     EXIT_FAILED,
     AddressOption,
+    ModuleOption,
     NamespaceOption,
     ScopeOption,
     StorageOption,
@@ -27,10 +28,11 @@ from .common import (
     console,
     guard,
     jobs_app,
+    no_cluster,
     on_interrupt,
 )
 from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
-from .reading import ClusterReading, read_cluster
+from .reading import ClusterReading, read_cluster, watch_in_storage
 
 if TYPE_CHECKING:
     from ..runtime.client import Jobs
@@ -115,6 +117,7 @@ def jobs_list(
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 100,
     output: OutputOption = Output.table,
     wide: WideOption = False,
+    module: ModuleOption = None,
 ) -> None:
     """List jobs, oldest first, one line each.
 
@@ -129,7 +132,7 @@ def jobs_list(
     async def work(reader: Any, _: ClusterReading) -> list[Any]:
         return await reader.provider.for_key(key).jobs.query(query)
 
-    show_jobs(read_cluster(storage, address, work), output=output, wide=wide)
+    show_jobs(read_cluster(storage, address, work, modules=module), output=output, wide=wide)
 
 
 def _status(name: str) -> JobStatus:
@@ -155,6 +158,7 @@ def jobs_show(
             "while it runs: a million records read take tens of seconds).",
         ),
     ] = None,
+    module: ModuleOption = None,
 ) -> None:
     """Show one job: status, progress per stage, its step records and its status history.
 
@@ -173,7 +177,7 @@ def jobs_show(
         counts = await reader.step_counts(key, job.id, verify=thorough)
         return job, counts, cluster.adverts()
 
-    job, counts, adverts = read_cluster(storage, address, work)
+    job, counts, adverts = read_cluster(storage, address, work, modules=module)
     if output == Output.json:
         print_json(job_detail_json(job, counts))
         return
@@ -253,17 +257,30 @@ def jobs_watch(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    module: ModuleOption = None,
 ) -> None:
     """Follow a job's progress until it finishes; exit 1 unless it completed successfully.
 
+    With --address none it follows the job in --storage, read every half second.
+
     Example: choreography jobs watch 3f2a9c1e --timeout 600 && echo done
     """
-    jobs = _client(storage, address, scope, namespace, job_id)
-    whole = _job_of(jobs, job_id, scope, namespace, "watch")
-    on_interrupt(f"stopped watching: job {whole} goes on running, unchanged")
-    state = guard(
-        lambda: jobs.wait(whole, timeout=timeout, progress=True, scope=scope, namespace=namespace)
-    )
+    from ..runtime.arguments import check_job_id, job_key
+
+    if no_cluster(address):
+        key = guard(lambda: job_key(scope, namespace))
+        guard(lambda: check_job_id(job_id))
+        on_interrupt(f"stopped watching: job {job_id} is as it was")
+        state = watch_in_storage(storage, key, job_id, timeout, module)
+    else:
+        jobs = _client(storage, address, scope, namespace, job_id)
+        whole = _job_of(jobs, job_id, scope, namespace, "watch")
+        on_interrupt(f"stopped watching: job {whole} goes on running, unchanged")
+        state = guard(
+            lambda: jobs.wait(
+                whole, timeout=timeout, progress=True, scope=scope, namespace=namespace
+            )
+        )
     console.print(state.status.name if state is not None else "finished and cleared")
     if state is not None and state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise typer.Exit(EXIT_FAILED)
