@@ -31,7 +31,15 @@ from .common import (
     no_cluster,
     on_interrupt,
 )
-from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
+from .output import (
+    Output,
+    OutputOption,
+    WideOption,
+    history_lines,
+    job_detail_json,
+    print_json,
+    show_jobs,
+)
 from .reading import ClusterReading, read_cluster, watch_in_storage
 
 if TYPE_CHECKING:
@@ -164,7 +172,7 @@ def jobs_show(
 
     Example: choreography jobs show 3f2a9c1e --output json
     """
-    from ..console.reader import reads_every_step
+    from ..console.reader import reads_every_step, stage_state
     from ..placement.capability import import_failures
     from ..runtime.arguments import check_job_id, job_key
 
@@ -229,14 +237,11 @@ def jobs_show(
         )
     for stage in p.stages:
         console.print(
-            f"  stage {stage.stage}: {'started' if stage.is_started else 'not started'}, "
+            f"  stage {stage.stage}: {stage_state(stage)}, "
             f"{stage.successful_steps}/{stage.total_steps} succeeded, {stage.failed_steps} failed"
         )
-    for change in job.status_changes:
-        why = f"  {'; '.join(change.exception_messages)}" if change.exception_messages else ""
-        console.print(
-            f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
-        )
+    for line in history_lines(job):
+        console.print(line, highlight=False, soft_wrap=True)
     cannot = import_failures(a for a in adverts.values() if not a.hosts(job.type))
     for failure in cannot:
         console.print(f"cannot run {job.type} on {failure}", style="yellow", soft_wrap=True)
