@@ -1,14 +1,20 @@
 """Headless Chromium (Debian's package) driven by Selenium, for the tests that open the
-console in a real browser: what of it is missing, the browser itself, and bounded waits."""
+console in a real browser: what of it is missing, the browser itself, bounded waits, and a
+console served in a thread meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from choreography_ray.console import serve
 
 CHROMIUM = os.environ.get("CHOREOGRAPHY_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHOREOGRAPHY_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -62,3 +68,24 @@ def until(driver: Any, condition: Any, what: str) -> Any:
         driver, WAIT, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]
     )
     return wait.until(condition, what)
+
+
+@contextlib.contextmanager
+def serving(web_app: Any) -> Iterator[str]:
+    """`web_app` served on a loop of its own in a thread, for a browser to use meanwhile."""
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    where: concurrent.futures.Future[str] = concurrent.futures.Future()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    served = asyncio.run_coroutine_threadsafe(
+        serve(web_app, "127.0.0.1", 0, listening=where.set_result, stop=stop), loop
+    )
+    try:
+        yield where.result(30)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        served.result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

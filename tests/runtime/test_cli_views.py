@@ -5,11 +5,7 @@ its dashboard (one instance for the module)."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -195,7 +191,7 @@ def test_a_host_s_logs_link_opens_its_actor_s_logs_in_ray_s_dashboard(finished):
     from choreography_ray.console.ray_cluster import RayClusterView, cluster_storage
     from choreography_ray.runtime.constants import CONTROLLER_PREFIX
 
-    from ..console.browsing import chromium, until
+    from ..console.browsing import chromium, serving, until
 
     provider, _ = cluster_storage("choreography")
     view = RayClusterView("choreography")
@@ -244,26 +240,3 @@ def _ray_token() -> str:
     from ray._raylet import AuthenticationTokenLoader
 
     return str(AuthenticationTokenLoader.instance().get_raw_token())
-
-
-@contextlib.contextmanager
-def serving(web_app: Any) -> Iterator[str]:
-    """`web_app` served on a loop of its own in a thread, for a browser to use meanwhile."""
-    from choreography_ray.console import serve
-
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    where: concurrent.futures.Future[str] = concurrent.futures.Future()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    served = asyncio.run_coroutine_threadsafe(
-        serve(web_app, "127.0.0.1", 0, listening=where.set_result, stop=stop), loop
-    )
-    try:
-        yield where.result(30)
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        served.result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
