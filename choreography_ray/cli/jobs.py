@@ -351,8 +351,9 @@ def jobs_retry_failed(
         split = [part.strip() for value in steps for part in value.split(",") if part.strip()]
         named = guard(lambda: check_step_ids(split))
     jobs = _client(storage, address, scope, namespace, job_id)
-    rerun = guard(lambda: jobs.retry_failed(job_id, steps=named, scope=scope, namespace=namespace))
-    console.print(f"retry-failed: {job_id}: {len(rerun)} failed step(s) run again")
+    whole = _job_of(jobs, job_id, scope, namespace, "retry-failed")
+    rerun = guard(lambda: jobs.retry_failed(whole, steps=named, scope=scope, namespace=namespace))
+    console.print(f"retry-failed: {whole}: {len(rerun)} failed step(s) run again")
     for step_id in rerun:
         console.print(f"  {step_id}")
 
@@ -374,8 +375,9 @@ def jobs_set_priority(
 
     guard(lambda: check_priority(priority))
     jobs = _client(storage, address, scope, namespace, job_id)
-    guard(lambda: jobs.set_priority(job_id, priority, scope=scope, namespace=namespace))
-    console.print(f"set-priority: {job_id}: {priority}")
+    whole = _job_of(jobs, job_id, scope, namespace, "set-priority")
+    guard(lambda: jobs.set_priority(whole, priority, scope=scope, namespace=namespace))
+    console.print(f"set-priority: {whole}: {priority}")
 
 
 @jobs_app.command("drain")
