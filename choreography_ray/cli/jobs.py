@@ -228,12 +228,15 @@ def jobs_show(
         soft_wrap=True,
     )
     if counts.unreadable:
+        why = (
+            " here: name the module of their types with --module (or they are damaged)"
+            if no_cluster(address)  # this process knows only the types it was told of
+            else ": the job will not resume until they are fixed, or it is removed (resume "
+            "names them)"
+        )
         console.print(
-            Text.assemble(
-                (f"{counts.unreadable} step record(s) cannot be read", "red"),
-                ": the job will not resume until they are fixed, or it is removed (resume "
-                "names them)",
-            )
+            Text.assemble((f"{counts.unreadable} step record(s) cannot be read", "red"), why),
+            soft_wrap=True,
         )
     for stage in p.stages:
         console.print(

@@ -160,6 +160,17 @@ def test_without_its_module_a_job_of_another_type_is_left_out_with_a_warning(sto
     assert "cli-local.close-books" not in listed.stdout and "demo-run" in listed.stdout
 
 
+def test_steps_of_a_type_not_known_here_are_counted_naming_the_fix(store):
+    shown = local(store, "jobs", "show", store["map"])
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "3 step record(s) cannot be read here: name the module of their types with --module "
+        "(or they are damaged)"
+    ) in shown.stdout
+    known = local(store, "jobs", "show", store["map"], "--module", MODULE)
+    assert "cannot be read" not in known.stdout
+
+
 def test_a_module_that_does_not_import_is_a_usage_error(store):
     read = local(store, "jobs", "list", "--module", "no_such_module_x")
     assert read.exit_code == 2
