@@ -50,9 +50,8 @@ T = TypeVar("T")
 EXIT_INTERRUPTED = 130
 """Ctrl-C: the command stopped, after one line saying what is safe."""
 
-_INTERRUPTED = {
-    "line": "interrupted: nothing was changed; what is stored is as it was",
-}
+NOTHING_CHANGED = "interrupted: nothing was changed; what is stored is as it was"
+_INTERRUPTED = {"line": NOTHING_CHANGED}
 
 
 def on_interrupt(line: str) -> None:
@@ -66,6 +65,7 @@ class _Commands(TyperGroup):
     one line, without the retries' warnings before it."""
 
     def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        on_interrupt(NOTHING_CHANGED)  # a command begins; what one before it set is gone
         storage_log = logging.getLogger("choreography_ray.storage")
         storage_log.addFilter(not_a_retry)
         try:
@@ -109,6 +109,15 @@ AddressOption = Annotated[
 ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", envvar=CONFIG_ENV, help="TOML file with a \\[jobs] table of options."),
+]
+ModuleOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--module",
+        "-m",
+        help="A module that defines job types, imported to read their records (repeatable): "
+        "for --address none; a cluster's own job modules are imported without it.",
+    ),
 ]
 ScopeOption = Annotated[str, typer.Option("--scope", help="Storage scope of the jobs.")]
 NamespaceOption = Annotated[str, typer.Option("--namespace", help="Namespace of the jobs.")]

@@ -20,6 +20,7 @@ from ..storage import JobQuery
 from .common import (
     EXIT_FAILED,
     AddressOption,
+    ModuleOption,
     NamespaceOption,
     ScopeOption,
     StorageOption,
@@ -27,10 +28,19 @@ from .common import (
     console,
     guard,
     jobs_app,
+    no_cluster,
     on_interrupt,
 )
-from .output import Output, OutputOption, WideOption, job_detail_json, print_json, show_jobs
-from .reading import ClusterReading, read_cluster
+from .output import (
+    Output,
+    OutputOption,
+    WideOption,
+    history_lines,
+    job_detail_json,
+    print_json,
+    show_jobs,
+)
+from .reading import ClusterReading, read_cluster, watch_in_storage
 
 if TYPE_CHECKING:
     from ..runtime.client import Jobs
@@ -115,6 +125,7 @@ def jobs_list(
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 100,
     output: OutputOption = Output.table,
     wide: WideOption = False,
+    module: ModuleOption = None,
 ) -> None:
     """List jobs, oldest first, one line each.
 
@@ -129,7 +140,7 @@ def jobs_list(
     async def work(reader: Any, _: ClusterReading) -> list[Any]:
         return await reader.provider.for_key(key).jobs.query(query)
 
-    show_jobs(read_cluster(storage, address, work), output=output, wide=wide)
+    show_jobs(read_cluster(storage, address, work, modules=module), output=output, wide=wide)
 
 
 def _status(name: str) -> JobStatus:
@@ -155,12 +166,13 @@ def jobs_show(
             "while it runs: a million records read take tens of seconds).",
         ),
     ] = None,
+    module: ModuleOption = None,
 ) -> None:
     """Show one job: status, progress per stage, its step records and its status history.
 
     Example: choreography jobs show 3f2a9c1e --output json
     """
-    from ..console.reader import reads_every_step
+    from ..console.reader import reads_every_step, stage_state
     from ..placement.capability import import_failures
     from ..runtime.arguments import check_job_id, job_key
 
@@ -173,7 +185,7 @@ def jobs_show(
         counts = await reader.step_counts(key, job.id, verify=thorough)
         return job, counts, cluster.adverts()
 
-    job, counts, adverts = read_cluster(storage, address, work)
+    job, counts, adverts = read_cluster(storage, address, work, modules=module)
     if output == Output.json:
         print_json(job_detail_json(job, counts))
         return
@@ -216,23 +228,23 @@ def jobs_show(
         soft_wrap=True,
     )
     if counts.unreadable:
+        why = (
+            " here: name the module of their types with --module (or they are damaged)"
+            if no_cluster(address)  # this process knows only the types it was told of
+            else ": the job will not resume until they are fixed, or it is removed (resume "
+            "names them)"
+        )
         console.print(
-            Text.assemble(
-                (f"{counts.unreadable} step record(s) cannot be read", "red"),
-                ": the job will not resume until they are fixed, or it is removed (resume "
-                "names them)",
-            )
+            Text.assemble((f"{counts.unreadable} step record(s) cannot be read", "red"), why),
+            soft_wrap=True,
         )
     for stage in p.stages:
         console.print(
-            f"  stage {stage.stage}: {'started' if stage.is_started else 'not started'}, "
+            f"  stage {stage.stage}: {stage_state(stage)}, "
             f"{stage.successful_steps}/{stage.total_steps} succeeded, {stage.failed_steps} failed"
         )
-    for change in job.status_changes:
-        why = f"  {'; '.join(change.exception_messages)}" if change.exception_messages else ""
-        console.print(
-            f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}"
-        )
+    for line in history_lines(job):
+        console.print(line, highlight=False, soft_wrap=True)
     cannot = import_failures(a for a in adverts.values() if not a.hosts(job.type))
     for failure in cannot:
         console.print(f"cannot run {job.type} on {failure}", style="yellow", soft_wrap=True)
@@ -253,17 +265,30 @@ def jobs_watch(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    module: ModuleOption = None,
 ) -> None:
     """Follow a job's progress until it finishes; exit 1 unless it completed successfully.
 
+    With --address none it follows the job in --storage, read every half second.
+
     Example: choreography jobs watch 3f2a9c1e --timeout 600 && echo done
     """
-    jobs = _client(storage, address, scope, namespace, job_id)
-    whole = _job_of(jobs, job_id, scope, namespace, "watch")
-    on_interrupt(f"stopped watching: job {whole} goes on running, unchanged")
-    state = guard(
-        lambda: jobs.wait(whole, timeout=timeout, progress=True, scope=scope, namespace=namespace)
-    )
+    from ..runtime.arguments import check_job_id, job_key
+
+    if no_cluster(address):
+        key = guard(lambda: job_key(scope, namespace))
+        guard(lambda: check_job_id(job_id))
+        on_interrupt(f"stopped watching: job {job_id} is as it was")
+        state = watch_in_storage(storage, key, job_id, timeout, module)
+    else:
+        jobs = _client(storage, address, scope, namespace, job_id)
+        whole = _job_of(jobs, job_id, scope, namespace, "watch")
+        on_interrupt(f"stopped watching: job {whole} goes on running, unchanged")
+        state = guard(
+            lambda: jobs.wait(
+                whole, timeout=timeout, progress=True, scope=scope, namespace=namespace
+            )
+        )
     console.print(state.status.name if state is not None else "finished and cleared")
     if state is not None and state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise typer.Exit(EXIT_FAILED)
@@ -329,8 +354,9 @@ def jobs_retry_failed(
         split = [part.strip() for value in steps for part in value.split(",") if part.strip()]
         named = guard(lambda: check_step_ids(split))
     jobs = _client(storage, address, scope, namespace, job_id)
-    rerun = guard(lambda: jobs.retry_failed(job_id, steps=named, scope=scope, namespace=namespace))
-    console.print(f"retry-failed: {job_id}: {len(rerun)} failed step(s) run again")
+    whole = _job_of(jobs, job_id, scope, namespace, "retry-failed")
+    rerun = guard(lambda: jobs.retry_failed(whole, steps=named, scope=scope, namespace=namespace))
+    console.print(f"retry-failed: {whole}: {len(rerun)} failed step(s) run again")
     for step_id in rerun:
         console.print(f"  {step_id}")
 
@@ -352,8 +378,9 @@ def jobs_set_priority(
 
     guard(lambda: check_priority(priority))
     jobs = _client(storage, address, scope, namespace, job_id)
-    guard(lambda: jobs.set_priority(job_id, priority, scope=scope, namespace=namespace))
-    console.print(f"set-priority: {job_id}: {priority}")
+    whole = _job_of(jobs, job_id, scope, namespace, "set-priority")
+    guard(lambda: jobs.set_priority(whole, priority, scope=scope, namespace=namespace))
+    console.print(f"set-priority: {whole}: {priority}")
 
 
 @jobs_app.command("drain")

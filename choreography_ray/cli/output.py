@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..console.reader import key_wait, status_text, waiting_for_worker
+from ..console.reader import change_event, key_wait, status_text, waiting_for_worker
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -287,3 +287,19 @@ def show_jobs(jobs: Sequence[JobState], *, output: Output, wide: bool) -> None:
     rows = job_rows(jobs, wide=wide, now=datetime.now(UTC))
     for line in lines(JOB_COLUMNS, rows, None if wide else console.width):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def history_lines(job: JobState) -> list[str]:
+    """The status history, one line a change, each with what it means beside the one before
+    (a recovery on another host, a resume, a stop), as the console's history tells it."""
+    lines = []
+    before: int | None = None
+    before_host = ""
+    for change in job.status_changes:
+        event = change_event(before, before_host, change.status, change.host)
+        told = [] if before is None or not event else [event]
+        told += change.exception_messages
+        why = f"  {'; '.join(told)}" if told else ""
+        lines.append(f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}")
+        before, before_host = change.status, change.host or before_host
+    return lines

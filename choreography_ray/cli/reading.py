@@ -10,19 +10,21 @@ address or no address has no control store to read, and a process that has joine
 reads through its connection.
 
 `--address none` reads a store on this machine (or a server) with no Ray at all: the demo's
-store by default, with the demo's job types known, so that right after `choreography demo`
-its jobs can be listed with nothing running.
+store by default, with the demo's job types known and those of the modules named by
+`--module`, so that right after `choreography demo` its jobs can be listed, shown, followed
+and their results read with nothing running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..jobs.errors import ConfigurationError
-from .common import guard, no_cluster, ray_address
+from .common import NO_CLUSTER, guard, no_cluster, ray_address
 
 T = TypeVar("T")
 
@@ -43,9 +45,11 @@ def read_cluster(
     work: Callable[[Any, ClusterReading], Awaitable[T]],
     *,
     join: bool = False,
+    modules: list[str] | None = None,
 ) -> T:
     """`work(reader, cluster)` over the cluster's storage, opened and closed around it; `join`
-    when the work calls the hosts."""
+    when the work calls the hosts. `modules` are imported first, so that the records of
+    their job types read (a cluster's own job modules are imported anyway)."""
     from ..console.reader import JobsReader
     from ..runtime.constants import NAMESPACE
 
@@ -62,7 +66,6 @@ def read_cluster(
         )
 
     def local() -> tuple[Any, ClusterReading]:
-        from .. import demo
         from ..jobs.registry import default_registry
         from ..runtime.config import DEFAULT_STORAGE
         from ..storage import open_storage
@@ -74,12 +77,13 @@ def read_cluster(
                 "only in its cluster: give --storage of a file or server, or the cluster's "
                 "--address"
             )
-        assert demo.DemoJob.name in default_registry.names("job")  # its types read
         return open_storage(url, registry=default_registry), ClusterReading(None, dict)
 
     def opened() -> tuple[Any, ClusterReading]:
         if no_cluster(address) and not join:
+            imported(["choreography_ray.demo", *(modules or [])])  # the demo's types read
             return local()  # imports no Ray
+        imported(modules or [])
         from ..console.ray_cluster import storage_of
         from ..runtime.control_store import reach
 
@@ -105,3 +109,50 @@ def read_cluster(
         return asyncio.run(reading())
 
     return guard(run)
+
+
+def imported(modules: list[str]) -> None:
+    """Import `modules`, which define job types; one that does not import is a usage error
+    (exit 2) naming it and why."""
+    from ..runtime.config import import_modules
+
+    _, failed = import_modules(modules, quiet=True)
+    if failed:
+        raise ConfigurationError(f"cannot import job modules: {'; '.join(failed)}")
+
+
+def watch_in_storage(
+    storage: str | None, key: Any, job_id: str, within: float | None, modules: list[str] | None
+) -> Any:
+    """`jobs watch --address none`: the job's state once it is finished, followed in storage
+    (there is no cluster to ask)."""
+
+    async def work(reader: Any, _: ClusterReading) -> Any:
+        return await follow(reader, key, job_id, within)
+
+    return read_cluster(storage, NO_CLUSTER, work, modules=modules)
+
+
+async def follow(
+    reader: Any, key: Any, job_id: str, within: float | None, interval: float = 0.5
+) -> Any:
+    """The job's state once it is finished, read from storage every `interval` seconds with
+    a progress bar meanwhile. Raises TimeoutError when it is not finished `within` seconds;
+    a job that was there and is gone is None."""
+    from ..jobs.errors import JobNotFoundError
+    from ..runtime.progress import ProgressBar
+
+    deadline = None if within is None else time.monotonic() + within
+    whole = (await reader.job(key, job_id)).id  # not there: exit 3; a prefix names its job
+    with ProgressBar() as bar:
+        while True:
+            try:
+                state = await reader.job(key, whole)
+            except JobNotFoundError:
+                return None  # removed, or cleared as it completed
+            bar.update(state)
+            if state.is_finished:
+                return state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {whole} did not finish within {within:g} s")
+            await asyncio.sleep(interval)

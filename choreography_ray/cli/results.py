@@ -14,7 +14,15 @@ import typer
 
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey
 from ..jobs.status import JobStepStatus
-from .common import AddressOption, NamespaceOption, ScopeOption, StorageOption, guard, jobs_app
+from .common import (
+    AddressOption,
+    ModuleOption,
+    NamespaceOption,
+    ScopeOption,
+    StorageOption,
+    guard,
+    jobs_app,
+)
 from .output import Output, OutputOption
 from .reading import ClusterReading, read_cluster
 
@@ -55,6 +63,7 @@ def jobs_results(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     output: OutputOption = Output.table,
+    module: ModuleOption = None,
 ) -> None:
     """Print a map's results in item order, each item's result or its error, a page at a
     time; an item still running is waited for (Ctrl-C stops).
@@ -86,4 +95,4 @@ def jobs_results(
         if as_json:
             typer.echo("[]" if first else "\n]")
 
-    read_cluster(storage, address, work)
+    read_cluster(storage, address, work, modules=module)

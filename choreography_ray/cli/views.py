@@ -15,7 +15,9 @@ from ..console.reader import StepListing
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobKey
 from ..storage.step_query import StepCursor, StepOrder, StepQuery
 from .common import (
+    NO_CLUSTER,
     AddressOption,
+    ModuleOption,
     NamespaceOption,
     ScopeOption,
     StorageOption,
@@ -23,6 +25,7 @@ from .common import (
     console,
     guard,
     jobs_app,
+    no_cluster,
 )
 from .output import (
     SHORT_ID,
@@ -79,6 +82,7 @@ def jobs_steps(
     page: Annotated[int, typer.Option(min=0, help="Page, from 0 (--after is quicker).")] = 0,
     output: OutputOption = Output.table,
     wide: WideOption = False,
+    module: ModuleOption = None,
 ) -> None:
     """List a job's steps: status, attempts and error, by stage and plan order.
 
@@ -113,7 +117,7 @@ def jobs_steps(
             asked = asked.model_copy(update={"after": listing.next})
         return job.id, await reader.steps(key, job.id, asked)
 
-    whole_id, found = read_cluster(storage, address, work)
+    whole_id, found = read_cluster(storage, address, work, modules=module)
     following = found.next.token() if found.next is not None else None
     if output == Output.json:
         print_json(
@@ -159,8 +163,11 @@ def status_command(
     scope: ScopeOption = DEFAULT_SCOPE,
     namespace: NamespaceOption = DEFAULT_NAMESPACE,
     output: OutputOption = Output.table,
+    module: ModuleOption = None,
 ) -> None:
     """The cluster in one screen: nodes, roles, hosts, job modules, and jobs by status.
+
+    With --address none there is no cluster: the jobs in --storage by status.
 
     Example: choreography status --output json
     """
@@ -170,12 +177,15 @@ def status_command(
     from ..storage.url import redact
 
     key: JobKey = guard(lambda: job_key(scope, namespace))
+    if no_cluster(address):
+        _storage_status(storage, key, output, module)
+        return
 
     async def work(reader: Any, cluster: ClusterReading) -> Any:
         snapshot = await RayClusterView(NAMESPACE).snapshot()
         return snapshot, await reader.status_counts(key), cluster.config
 
-    snapshot, counts, config = read_cluster(storage, address, work, join=True)
+    snapshot, counts, config = read_cluster(storage, address, work, join=True, modules=module)
     if output == Output.json:
         print_json(
             {
@@ -215,3 +225,32 @@ def status_command(
             say(f"  {host.role} host{figures}{problem}", highlight=False, markup=False)
     by_status = ", ".join(f"{n} {s.name.lower()}" for s, n in sorted(counts.items()))
     say(f"jobs in {key}: {by_status or 'none'}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _storage_status(
+    storage: str | None, key: JobKey, output: Output, modules: list[str] | None
+) -> None:
+    """`status --address none`: no nodes nor hosts to show, the jobs in storage by status."""
+    from ..jobs.registry import default_registry
+    from ..runtime.config import DEFAULT_STORAGE
+    from ..storage.url import redact
+
+    async def work(reader: Any, _: ClusterReading) -> Any:
+        return await reader.status_counts(key)
+
+    counts = read_cluster(storage, NO_CLUSTER, work, modules=modules)
+    url = redact(storage or DEFAULT_STORAGE)
+    by_status = {s.name: n for s, n in sorted(counts.items())}
+    if output == Output.json:
+        jobs = {"scope": key.scope, "namespace": key.namespace, "by_status": by_status}
+        types = default_registry.names("job")
+        print_json(
+            {"namespace": None, "storage": url, "modules": modules or [], "job_types": types}
+            | {"nodes": [], "jobs": jobs}
+        )
+        return
+    say = console.print
+    say(f"storage: {url}", highlight=False, markup=False, soft_wrap=True)
+    say("no cluster (--address none): no nodes or hosts to show", highlight=False, markup=False)
+    listed = ", ".join(f"{n} {name.lower()}" for name, n in by_status.items())
+    say(f"jobs in {key}: {listed or 'none'}", highlight=False, markup=False, soft_wrap=True)

@@ -19,8 +19,10 @@ from .ports import ACTIONS, ClusterSnapshot, HostView
 from .reader import (
     JobFilter,
     Page,
+    change_event,
     key_wait,
     quarantine_text,
+    stage_state,
     status_text,
     step_status_name,
     waiting_for_worker,
@@ -210,7 +212,7 @@ def history_rows(job: JobState) -> str:
     before: int | None = None
     before_host = ""
     for change in job.status_changes:
-        event = _event(before, before_host, change.status, change.host)
+        event = change_event(before, before_host, change.status, change.host)
         why = "; ".join(change.exception_messages)
         trace = (
             f"<details><summary>stack trace</summary><pre>{e(change.exception_stack_trace)}"
@@ -237,33 +239,6 @@ def history_rows(job: JobState) -> str:
             )
         )
     return "".join(row for _, row in sorted(rows, key=lambda item: item[0]))
-
-
-def _event(before: int | None, before_host: str, status: int, host: str) -> str:
-    """What a change means after the one before it (`before`, made on `before_host`, the last
-    host named so far)."""
-    if before is None:
-        return "created"
-    moved = bool(host and before_host and host != before_host)
-    if status == JobStatus.RUNNING and before == JobStatus.RUNNING:
-        if moved:
-            return f"recovered on {host}: the owner changed from {before_host}"
-        return "resumed by a new activation after an interruption"
-    if status == JobStatus.RUNNING and before == JobStatus.STOPPED:
-        return "resumed" + (f" on {host}" if moved else "")
-    if status == JobStatus.STOPPED:
-        return "stopped"
-    if status == JobStatus.REMOVING:
-        return "removal requested"
-    if moved:
-        return f"owner changed from {before_host} to {host}"
-    return ""
-
-
-def stage_state(stage: JobStageProgress) -> str:
-    if stage.is_completed and stage.total_steps:
-        return "finished"
-    return "started" if stage.is_started else "not started"
 
 
 def job_page(

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from ..jobs.errors import AmbiguousJobIdError, JobNotFoundError
-from ..jobs.state import JobKey, JobState, JobStepState
+from ..jobs.state import JobKey, JobStageProgress, JobState, JobStepState
 from ..jobs.status import (
     FAILED_STEP_STATUSES,
     RUNNING_JOB_STATUSES,
@@ -228,7 +228,11 @@ def parse_step_statuses(names: list[str]) -> frozenset[JobStepStatus]:
             except ValueError:
                 choices = ", ".join(
                     [PREPARED, FAILED_STEPS]
-                    + [s.name.lower() for s in JobStepStatus if s != JobStepStatus.UNKNOWN]
+                    + [
+                        s.name.lower()
+                        for s in JobStepStatus
+                        if s != JobStepStatus.UNKNOWN and s.name.lower() != FAILED_STEPS
+                    ]
                 )
                 raise ValueError(f"unknown step status {name!r}; one of: {choices}") from None
     return frozenset(wanted)
@@ -264,3 +268,31 @@ def quarantine_text(job: JobState) -> str:
     return f"quarantined since {since} UTC after {quarantine.attempts} recovery attempts: " + (
         quarantine.reason
     )
+
+
+def change_event(before: int | None, before_host: str, status: int, host: str) -> str:
+    """What a change means after the one before it (`before`, made on `before_host`, the last
+    host named so far)."""
+    if before is None:
+        return "created"
+    moved = bool(host and before_host and host != before_host)
+    if status == JobStatus.RUNNING and before == JobStatus.RUNNING:
+        if moved:
+            return f"recovered on {host}: the owner changed from {before_host}"
+        return "resumed by a new activation after an interruption"
+    if status == JobStatus.RUNNING and before == JobStatus.STOPPED:
+        return "resumed" + (f" on {host}" if moved else "")
+    if status == JobStatus.STOPPED:
+        return "stopped"
+    if status == JobStatus.REMOVING:
+        return "removal requested"
+    if moved:
+        return f"owner changed from {before_host} to {host}"
+    return ""
+
+
+def stage_state(stage: JobStageProgress) -> str:
+    """A stage in a word: "finished" once every step of it is done, not "started" for ever."""
+    if stage.is_completed and stage.total_steps:
+        return "finished"
+    return "started" if stage.is_started else "not started"

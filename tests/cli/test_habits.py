@@ -21,6 +21,7 @@ from choreography_ray.demo import DemoJob, DemoRequest, IndexShard, ShardState
 from choreography_ray.jobs import (
     JobKey,
     JobProgress,
+    JobStageProgress,
     JobState,
     JobStatus,
     JobStepState,
@@ -79,6 +80,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
         await storage.jobs.save(_job(IDS[0], 0, details=details))
         for minute, job_id in enumerate(IDS[1:], start=1):
             await storage.jobs.save(_job(job_id, minute))
+        await storage.jobs.save(_story())
         steps = [_step(IDS[0], n, JobStepStatus.UNKNOWN) for n in range(150)]
         for n in range(3):
             steps[n] = _step(IDS[0], n, JobStepStatus.COMPLETED_SUCCESSFULLY)
@@ -136,6 +138,55 @@ def test_an_unknown_id_is_not_found(store):
     shown = local(store, "jobs", "show", "ffff")
     assert shown.exit_code == 3
     assert "no job with id 'ffff'" in shown.stderr
+
+
+def _story() -> JobState:
+    """A job recovered on another host, stopped, resumed and finished, its first stage done."""
+    changes = [
+        (JobStatus.RUNNING, "host-a", 0),
+        (JobStatus.RUNNING, "host-b", 5),
+        (JobStatus.STOPPED, "host-b", 9),
+        (JobStatus.RUNNING, "host-b", 12),
+    ]
+    progress = JobProgress(
+        total_steps=4,
+        successful_steps=2,
+        stages=[
+            JobStageProgress(stage=0, is_started=True, total_steps=2, successful_steps=2),
+            JobStageProgress(stage=1, is_started=True, total_steps=2),
+        ],
+    )
+    return _job(
+        "story-0001",
+        3,
+        progress=progress,
+        status_changes=[
+            StatusChange(status=int(s), host=h, occurred=BASE + timedelta(minutes=m))
+            for s, h, m in changes
+        ],
+    )
+
+
+def test_a_job_s_history_tells_its_story_and_a_finished_stage_says_so(store):
+    shown = local(store, "jobs", "show", "story")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert "  stage 0: finished, 2/2 succeeded, 0 failed" in lines
+    assert "  stage 1: started, 0/2 succeeded, 0 failed" in lines
+    history = [line.split("  ", 2)[-1] for line in lines if line.startswith("  2026-")]
+    assert history == [
+        "RUNNING",
+        "RUNNING  recovered on host-b: the owner changed from host-a",
+        "STOPPED  stopped",
+        "RUNNING  resumed",
+    ]
+
+
+def test_an_unknown_step_status_is_refused_naming_each_status_once(store):
+    refused = local(store, "jobs", "steps", IDS[0], "--status", "bogus")
+    assert refused.exit_code == 2
+    named = refused.stderr.strip().split("one of: ")[1].split(", ")
+    assert "failed" in named and "prepared" in named and len(named) == len(set(named))
 
 
 def test_prepared_steps_are_shown_and_filtered_as_prepared(store):
@@ -246,7 +297,7 @@ def test_the_demo_s_rate_counts_the_steps_of_this_run(capsys):
 
 
 def test_the_browser_tests_skip_naming_what_is_missing(tmp_path: Path):
-    from ..console.test_browser import missing_browser
+    from ..console.browsing import missing_browser
 
     chromium = tmp_path / "chromium"
     assert missing_browser(str(chromium), "no-such-driver") == (

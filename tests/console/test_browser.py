@@ -1,5 +1,6 @@
 """The console in a real browser: headless Chromium (Debian's package) driven by Selenium,
-against an in-process cluster whose steps the test releases one by one.
+against an in-process cluster whose steps the test releases one by one, and over a SQLite
+store of a 150,000-step job whose every page must be served within the issue's bound.
 
 Skipped only when Chromium or its driver is not installed; `.ci/run` installs them and fails
 when these tests did not run. With CHOREOGRAPHY_SCREENSHOTS=1 the run also writes the
@@ -9,36 +10,36 @@ tree as it was).
 
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from choreography_ray.jobs import JobStatus
+from choreography_ray.console import ConsoleSettings, JobsReader, create_app
+from choreography_ray.console.app import LOOPBACK_NAMES
+from choreography_ray.jobs import (
+    JobProgress,
+    JobState,
+    JobStatus,
+    JobStepState,
+    JobStepStatus,
+    StatusChange,
+    TypeKind,
+    TypeRegistry,
+)
+from choreography_ray.storage import StepCursor, StepOrder, open_storage
 
 from ..engine import fixtures
 from ..engine.fixtures import ScenarioJob, request
+from .browsing import chromium, missing_browser, serving, until
 from .harness import ConsoleHarness
 
-CHROMIUM = os.environ.get("CHOREOGRAPHY_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CHOREOGRAPHY_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
-WAIT = 20.0
-"""Seconds the browser may take to show what a test waits for."""
-
-
-def missing_browser(chromium: str = CHROMIUM, chromedriver: str = CHROMEDRIVER) -> str | None:
-    """What of the browser is not installed, by name and with the package to install; None
-    when both are there."""
-    missing = []
-    if not Path(chromium).exists():
-        missing.append(f"Chromium (no {chromium}; apt-get install chromium)")
-    if not shutil.which(chromedriver):
-        missing.append(f"chromedriver (no {chromedriver}; apt-get install chromium-driver)")
-    return " and ".join(missing) or None
 
 
 pytestmark = pytest.mark.skipif(
@@ -48,43 +49,14 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,860",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
 def console() -> Iterator[ConsoleHarness]:
     with ConsoleHarness(refresh_seconds=0.2, page_size=5) as harness:
         yield harness
-
-
-def until(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    # A condition that found an element live refresh then replaced is asked again.
-    wait = WebDriverWait(
-        driver, WAIT, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]
-    )
-    return wait.until(condition, what)
 
 
 def main_text(driver: Any) -> str:
@@ -333,3 +305,88 @@ def test_live_refresh_pauses_while_the_tab_is_hidden(browser, console):
     browser.execute_script(hide % "false")
     until(browser, lambda d: d.execute_script("return window.asked") >= 1, "refreshing again")
     release(console, "slow")
+
+
+BOUND_MS = 300
+"""The issue's bound on any page of a 150,000-step job, served."""
+MANY = 150_000
+
+
+class _Shard(BaseModel):
+    n: int
+
+
+@pytest.fixture(scope="module")
+def many_steps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The console over a SQLite store of one running job of 150,000 step records (two
+    stages, one step in fifty failed), served in a thread; the job page's address."""
+    registry = TypeRegistry()
+    for kind, name in ((TypeKind.JOB, "pages.job"), (TypeKind.STEP, "pages.step")):
+        registry.register(type(name, (), {}), kind=kind, name=name)
+    registry.register(_Shard, kind=TypeKind.STATE, name="pages.shard")
+    url = f"sqlite:///{tmp_path_factory.mktemp('many-steps') / 'jobs.db'}"
+    provider = open_storage(url, registry=registry)
+    began = datetime(2026, 5, 1, tzinfo=UTC)
+    job = JobState(
+        id="reindex-150k",
+        type="pages.job",
+        status=JobStatus.RUNNING,  # counted by stored status, as while it runs
+        created=began,
+        progress=JobProgress(total_steps=MANY, successful_steps=MANY - MANY // 50),
+    )
+    changed = [StatusChange(status=int(JobStepStatus.COMPLETED_SUCCESSFULLY), occurred=began)]
+    failed = [StatusChange(status=int(JobStepStatus.FAILED), occurred=began)]
+    template = JobStepState(
+        id="",
+        job_id=job.id,
+        type="pages.step",
+        status=JobStepStatus.COMPLETED_SUCCESSFULLY,
+        status_changes=changed,
+        state=registry.dump(_Shard(n=0)),
+    )
+    records = [
+        template.model_copy(
+            update={"stage": n * 2 // MANY, "position": n, "id": f"{n:06d}-{n * 7919 % MANY:06d}"}
+            | ({"status": JobStepStatus.FAILED, "status_changes": failed} if n % 50 == 7 else {})
+        )
+        for n in range(MANY)
+    ]
+
+    async def fill() -> None:
+        await provider.initialize()
+        await provider.for_key(job.key).jobs.save(job)
+        steps = provider.for_key(job.key).steps
+        for start in range(0, MANY, 10_000):
+            await steps.save_many(records[start : start + 10_000])
+
+    asyncio.run(fill())
+    settings = ConsoleSettings(refresh_seconds=0, allowed_hosts=LOOPBACK_NAMES, page_size=50)
+    with serving(create_app(JobsReader(provider), settings=settings)) as base:
+        yield f"{base}/jobs/{job.id}"
+
+
+def served_ms(driver: Any) -> float:
+    """How long the page's document took, from the request sent to the response's end."""
+    return float(
+        driver.execute_script(
+            "var n = performance.getEntriesByType('navigation')[0];"
+            "return n.responseEnd - n.requestStart;"
+        )
+    )
+
+
+def test_any_page_of_a_150_000_step_job_is_served_within_its_bound(browser, many_steps):
+    deep = StepCursor(order=StepOrder.PLAN, step_id="100000-", stage=1, position=100_000)
+    pages = {  # what is asked: where, and what it shows
+        "the first page": (f"{many_steps}/steps", "000000-"),
+        "a page 100,000 steps in": (f"{many_steps}/steps?after={deep.token()}", "100001-"),
+        "the failed steps": (f"{many_steps}/steps?status=failed", "3000 matching steps"),
+        "the last change first": (f"{many_steps}/steps?order=changed", "150000 matching"),
+        "the job, its failed steps first": (many_steps, "Failed steps (3000)"),
+    }
+    times = {}
+    for what, (address, text) in pages.items():
+        browser.get(address)
+        until(browser, shows(text), what)
+        times[what] = served_ms(browser)
+    assert all(ms <= BOUND_MS for ms in times.values()), times

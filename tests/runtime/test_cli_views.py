@@ -1,16 +1,19 @@
-"""The command line's listings, JSON output, steps, status and exit codes, and the console,
-against a running single-node Ray (one instance for the module)."""
+"""The command line's listings, JSON output, steps, status and exit codes, and the console
+(its links to Ray's dashboard followed in a browser), against a running single-node Ray with
+its dashboard (one instance for the module)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from choreography_ray.cli import app
 
+from ..console.browsing import missing_browser
 from .ray_jobs import FanOut, FanOutJob
 
 runner = CliRunner()
@@ -165,3 +168,75 @@ def test_the_console_serves_the_cluster_it_joined(finished):
     assert "choreography:controller:" in cluster_page and "alive" in cluster_page
     assert "live job activations" in cluster_page and "running steps" in cluster_page
     assert "tests.runtime.ray_jobs" in cluster_page
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """This module's Ray has its dashboard: the console's cluster page links it."""
+    from .conftest import local_ray
+
+    with local_ray(dashboard=True):
+        yield
+
+
+@pytest.mark.skipif(missing_browser() is not None, reason=f"not installed: {missing_browser()}")
+def test_a_host_s_logs_link_opens_its_actor_s_logs_in_ray_s_dashboard(finished):
+    """Followed in a browser, the cluster page's link lands on the host actor's page of Ray's
+    dashboard (its own route, `#/actors/<id>`); Ray 2.60 asks there for its token, as it
+    would of the operator, and given it shows the actor's logs."""
+    import ray
+    from selenium.webdriver.common.by import By
+
+    from choreography_ray.console import ConsoleSettings, console_app
+    from choreography_ray.console.ray_cluster import RayClusterView, cluster_storage
+    from choreography_ray.runtime.constants import CONTROLLER_PREFIX
+
+    from ..console.browsing import chromium, serving, until
+
+    provider, _ = cluster_storage("choreography")
+    view = RayClusterView("choreography")
+    web_app = console_app(provider, settings=ConsoleSettings(), cluster=view)
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    [name] = [a["name"] for a in actors if a["name"].startswith(CONTROLLER_PREFIX)]
+    actor_id = ray.get_actor(name, namespace="choreography")._actor_id.hex()
+    dashboard = f"http://{ray._private.worker.get_dashboard_url()}"
+    logs = f"//code[text()='{name}']/following-sibling::a[text()='logs']"
+    with serving(web_app) as base, chromium() as browser:
+        browser.get(f"{base}/cluster")
+        until(browser, lambda d: d.find_elements(By.XPATH, logs), "the controller's logs link")
+        browser.find_element(By.XPATH, logs).click()
+        until(browser, lambda d: d.current_url.startswith(dashboard), "Ray's dashboard")
+        assert browser.current_url == f"{dashboard}/#/actors/{actor_id}"
+        token = "input[placeholder='Enter your authentication token']"
+        shown = until(
+            browser,
+            lambda d: d.find_elements(By.CSS_SELECTOR, token) or _body_shows(d, name),
+            "the dashboard's actor page, or its token prompt",
+        )
+        if shown is not True:  # Ray's token authentication is on (the default in 2.60)
+            shown[0].send_keys(_ray_token())
+            browser.find_element(By.XPATH, "//button[text()='Submit']").click()
+        until(browser, lambda d: _body_shows(d, name), "the actor's page, its name on it")
+        until(browser, _logs_shown, "the actor's logs")
+        assert browser.current_url == f"{dashboard}/#/actors/{actor_id}"
+
+
+def _logs_shown(driver: Any) -> bool:
+    """The actor's logs are on its page; when the dashboard failed to read them ("Failed to
+    load", seen in a run on a busy machine), the page is loaded again, as an operator would."""
+    if _body_shows(driver, ":actor_name:ControllerHost"):  # Ray's first line in them
+        return True
+    if _body_shows(driver, "Failed to load"):
+        driver.refresh()
+    return False
+
+
+def _body_shows(driver: Any, text: str) -> bool:
+    return text in str(driver.execute_script("return document.body.innerText;"))
+
+
+def _ray_token() -> str:
+    """The token of the local Ray, as `ray get-auth-token` prints it (without its start-up)."""
+    from ray._raylet import AuthenticationTokenLoader
+
+    return str(AuthenticationTokenLoader.instance().get_raw_token())
