@@ -210,9 +210,6 @@ class MultiNodeCluster:
         args: dict[str, Any] = {"num_cpus": self.cpus_per_node, **spec.node_args()}
         if head:
             args["include_dashboard"] = False
-            # A port of its own for the head's dashboard agent, as `Cluster` gives the other
-            # nodes: Ray's fixed default (52365) is taken while another Ray runs on the machine.
-            args["dashboard_agent_listen_port"] = None
             args["_system_config"] = self.health.system_config()
         node = self._cluster.add_node(wait=True, **args)
         added = ClusterNode(node.node_id, spec.role, head)
