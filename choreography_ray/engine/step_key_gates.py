@@ -148,6 +148,11 @@ class StepKeyGates:
                     removed.append(run)
         return removed
 
+    def giving_back(self) -> list[asyncio.Task[None]]:
+        """The writes giving places back, while under way (a host that shuts down waits)."""
+        task = self._tasks.get("return")
+        return [task] if task is not None and not task.done() else []
+
     def close(self) -> None:
         """The host goes: it gives nothing back (its places expire) and waits no more."""
         self.closed = True

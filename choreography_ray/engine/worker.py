@@ -420,8 +420,8 @@ class StepWorker:
     async def deactivate(self, within: float) -> None:
         """Shut down gracefully (the seed's deactivation): cancel every run and wait, up to
         `within` seconds in all, for its work and callbacks to end and for the writes under way
-        to land, then close. Nothing settled meanwhile is written or reported: the steps stay
-        Scheduled or Running for recovery."""
+        to land (places of keys given back too), then close. Nothing settled meanwhile is
+        written or reported: the steps stay Scheduled or Running for recovery."""
         self.closed = True
         self._queue.clear()
         for run in list(self._runs.values()):
@@ -429,7 +429,7 @@ class StepWorker:
         deadline = asyncio.ensure_future(self.clock.sleep(within))
         try:
             await until_done(deadline, lambda: self._tasks)  # the runs, and their work
-            await until_done(deadline, self.writers.flushing)  # then what they gave to write
+            await until_done(deadline, lambda: self.writers.flushing() + self.keys.giving_back())
         finally:
             deadline.cancel()
         await self.close()

@@ -17,7 +17,7 @@ from choreography_ray.cli.output import step_json
 from choreography_ray.console.reader import StepListing
 from choreography_ray.console.step_pages import steps_page
 from choreography_ray.engine.clock import FakeClock
-from choreography_ray.engine.step_keys import holders, record_id, take
+from choreography_ray.engine.step_keys import STEP_KEYS_JOB, holders, record_id, take
 from choreography_ray.jobs import (
     ConcurrencyKey,
     Job,
@@ -28,6 +28,7 @@ from choreography_ray.jobs import (
     StepContext,
     TypeRegistryError,
 )
+from choreography_ray.storage.protocols import JobsStorage
 from choreography_ray.storage.step_query import StepQuery
 from choreography_ray.testing import InProcessCluster
 
@@ -280,6 +281,45 @@ def test_a_stop_takes_the_waiting_runs_back_at_once_and_frees_the_places(run, bo
     assert stopped.status == JobStatus.STOPPED and stopped.stop_finalized
     assert stopped.progress.stopped_steps == 4
     assert book.began == ["acme0"] and places == [] and waiting == 0
+
+
+def _slow_key_writes(storage: JobsStorage) -> JobsStorage:
+    """Storage whose writes of keys' places take a while (many turns of the loop)."""
+
+    class Steps:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(storage.steps, name)
+
+        async def save(self, state: Any) -> int:
+            if state.job_id == STEP_KEYS_JOB:
+                for _ in range(200):
+                    await asyncio.sleep(0)
+            return await storage.steps.save(state)
+
+    return JobsStorage(storage.key, storage.jobs, Steps(), storage.plans)  # type: ignore[arg-type]
+
+
+def test_a_host_that_shuts_down_gives_its_places_back(run, book):
+    """A host deactivated with runs performing: they stop, and their places are given back
+    before it closes (however long the write takes), not left to their lease."""
+    cluster = _cluster()
+    cluster.wrap_storage = _slow_key_writes
+
+    async def scenario() -> Any:
+        async with cluster:
+            await cluster.start(Calls, Works(works=works("acme", 3)))
+            record = record_id(CallTenant.name, "acme")
+            storage = cluster.storage(JobKey())
+            for _ in range(20):  # the slow writes of the places: a loop turn at a time
+                await cluster.settle()
+                before = await holders(storage, cluster.registry, record)
+                if len(before) == 2:
+                    break
+            await cluster.worker.deactivate(5)
+            return before, await holders(storage, cluster.registry, record)
+
+    before, after = run(scenario())
+    assert len(before) == 2 and after == []
 
 
 def test_places_are_taken_by_compare_and_set_up_to_the_limit(run):
