@@ -187,7 +187,7 @@ async def renew(
 
 
 async def holders(storage: JobsStorage, registry: TypeRegistry, record: str) -> list[Place]:
-    """The places of a key's record as stored (the console's and the tests' view)."""
+    """The places of a key's record as stored (what the tests read)."""
     registry.register(Places, kind=TypeKind.STATE, name=PLACES_TYPE)
     stored = await storage.steps.find(STEP_KEYS_JOB, record)
     if stored is None or stored.state is None:
