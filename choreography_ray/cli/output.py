@@ -168,6 +168,7 @@ def step_json(step: JobStepState) -> dict[str, Any]:
         "error": None
         if error is None
         else {"messages": list(error.messages), "stack_trace": error.stack_trace},
+        "waiting_for_key": step.waiting_for_key.text() if step.waiting_for_key else None,
     }
 
 

@@ -138,11 +138,13 @@ def jobs_steps(
     rows = [
         [
             ids[s.id],
-            step_status_name(s.status),
+            step_status_name(s.status) + (" (waiting)" if s.waiting_for_key else ""),
             str(s.attempt),
             str(s.stage),
             s.name,
-            "; ".join(s.error.messages) if s.error is not None else "",
+            "; ".join(s.error.messages)
+            if s.error is not None
+            else (s.waiting_for_key.text() if s.waiting_for_key else ""),
         ]
         for s in found.steps
     ]

@@ -113,6 +113,12 @@ def _step_host(step: JobStepState) -> str:
     return host
 
 
+def _progress(step: JobStepState) -> str:
+    """Its progress message, or why it waits for its step-level concurrency key."""
+    wait = step.waiting_for_key
+    return wait.text() if wait is not None else step.progress.message
+
+
 def step_link(job: JobState, step_id: str) -> str:
     return url(path("jobs", job.id, "steps", step_id), key_params(job.key))
 
@@ -126,7 +132,7 @@ def steps_page(job: JobState, query: StepQuery, found: StepListing, now: datetim
             f"<td>{e(step.name)}</td><td>{e(step.type)}</td><td>{step.stage}</td>"
             f'<td class="status">{step_badge(step.status)}</td>'
             f'<td class="num">{step.attempt}</td>'
-            f"<td>{step.progress.percentage:.0f}% {e(step.progress.message)}</td>"
+            f"<td>{step.progress.percentage:.0f}% {e(_progress(step))}</td>"
             f"<td>{e(when(step.last_change))}</td><td>{e(_step_host(step))}</td>"
             f'<td class="trace">{step_error(step)}</td></tr>'
         )
@@ -185,7 +191,7 @@ def step_page(job: JobState, step: JobStepState, now: datetime) -> str:
             ("type", e(step.type)),
             ("stage", f"{step.stage} (place {step.position} in the plan)"),
             ("attempt", f"{step.attempt} (generation {step.generation})"),
-            ("progress", e(f"{step.progress.percentage:.0f}% {step.progress.message}")),
+            ("progress", e(f"{step.progress.percentage:.0f}% {_progress(step)}")),
             ("last change", e(when(step.last_change)) + " UTC" if step.last_change else "—"),
             ("runs on", runs),
             ("retry decision", decided),

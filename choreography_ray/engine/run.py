@@ -20,13 +20,13 @@ from pydantic import BaseModel
 from ..jobs.errors import ActivationCallbackRejected
 from ..jobs.registry import TypeKind, trusted
 from ..jobs.retry import error_type_name
-from ..jobs.state import JobStepProgress, StatusChange, StepError, StepLease
+from ..jobs.state import JobStepProgress, KeyWait, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
 from ..jobs.step import JobStep, StepCancelled, StepContext, StepFailed
-from .clock import Clock, until_done
 from .context import error_messages
-from .messages import SettledStops, StepReport, StepStart
+from .messages import StepReport, StepStart
 from .run_host import CallbackRejected, RunHost, RunKey
+from .step_keys import StepPlace
 from .stored_steps import outcome_report
 from .writer import StaleRecord, StepWriter, Tracked
 
@@ -67,6 +67,7 @@ class StepRun:
         self.holds_slot = False
         self.urgent = False
         """Sent again after its run was lost: queued ahead of its job's other runs."""
+        self.place: StepPlace | None = None  # of its step-level concurrency key, if any
         self.cancel_work: Callable[[], None] | None = None
         """Set by a runner whose work runs elsewhere, to cancel it there."""
         self._flush_timer: asyncio.Task[None] | None = None
@@ -185,6 +186,11 @@ class StepRun:
 
     def now(self) -> datetime:
         return self.worker.clock.now()
+
+    def wait_for_key(self, wait: KeyWait | None, *, write: bool) -> None:
+        self._set(waiting_for_key=wait)  # on its record: it waits for its key's place, or not
+        if write:
+            self._write_later()
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -427,22 +433,3 @@ class StepRun:
         self._status(status, error)
         self._report = outcome_report(self.record.state, self.generation, self.attempt)
         return self._write()
-
-
-async def settled_within(runs: list[StepRun], clock: Clock, within: float) -> SettledStops:
-    """Wait, up to `within` seconds, for stopped `runs` to settle and persist their outcomes:
-    those that did answer with it; the others are answered as timed out, and their callbacks are
-    refused from then on (each still reports once it settles)."""
-    deadline = asyncio.ensure_future(clock.sleep(within))
-    try:
-        await until_done(deadline, lambda: [run.done for run in runs])
-    finally:
-        deadline.cancel()
-    answer = SettledStops()
-    for run in runs:
-        if run.persisted is not None:
-            answer.settled.append(run.persisted)
-        else:  # not quiescent, or its outcome was not written: no answer of its own
-            run.closed = True
-            answer.timed_out.append(run.step_id)
-    return answer

@@ -24,6 +24,7 @@ from ..jobs.state import JobKey
 from .priority import effective
 from .rates import RateGates
 from .run import StepRun
+from .step_key_gates import StepKeyGates
 
 JobRef = tuple[JobKey, str]
 """A job, as (partition, job id): job ids are unique per partition only."""
@@ -52,6 +53,7 @@ class RunQueue:
         seconds: Callable[[], float] | None = None,
         aging: float = 1.0,
         gates: RateGates | None = None,
+        keys: StepKeyGates | None = None,
     ) -> None:
         self._by_job: dict[JobRef, _JobRuns] = {}
         self._ring: deque[_JobRuns] = deque()
@@ -64,6 +66,10 @@ class RunQueue:
         """Where runs of rate-limited step types wait for a token before they are queued."""
         if gates is not None:
             gates.release = self._released
+        self.keys = keys
+        """Where runs whose step-level key is full wait, out of the queue (a stop finds them)."""
+        if keys is not None:
+            keys.requeue = self.requeue
 
     def __len__(self) -> int:
         return self._size
@@ -83,6 +89,20 @@ class RunQueue:
         if self._gates is not None:
             runs = self._gates.hold(job, runs, first, points)
         self._queue(job, runs, first, points)
+
+    def requeue(self, job: JobRef, runs: list[StepRun]) -> None:
+        """Queue runs that got their keys' places after a wait: behind the job's runs that
+        got theirs before (one key's runs never pass another's), ahead of its other runs."""
+        queue = self._by_job.get(job)
+        if queue is None:
+            self._queue(job, runs, False, None)
+            return
+        at = 0
+        while at < len(queue) and (place := queue[at].place) is not None and place.held:
+            at += 1
+        for offset, run in enumerate(runs):
+            queue.insert(at + offset, run)
+        self._size += len(runs)
 
     def _released(
         self, job: JobRef, runs: list[StepRun], first: bool, points: float | None
@@ -175,6 +195,8 @@ class RunQueue:
         job's queue, however many are stopped); return them."""
         wanted = {id(run) for run in runs}
         held = [] if self._gates is None else self._gates.remove(job, wanted)
+        if self.keys is not None:
+            held += self.keys.remove(job, wanted)
         queue = self._by_job.get(job)
         if queue is None:
             return held

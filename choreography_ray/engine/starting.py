@@ -289,6 +289,8 @@ class Starting:
                 if request is None:
                     request = registry.load(planned.request, TypeKind.REQUEST)
                 user_state = step.initialize_state(request)
+                if step.concurrency is not None:  # a key that cannot be read fails here
+                    step.concurrency.of(user_state)
                 state_payload = registry.dump(user_state)
             except Exception as error:
                 return (

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..jobs.errors import ActivationCallbackRejected, ChoreographyError, StartJobStepError
@@ -38,9 +39,11 @@ from .messages import (
 from .outbox import Outbox
 from .ports import JobReporter, StepPeers
 from .rates import RateGates
-from .run import StepRun, settled_within
+from .run import StepRun
 from .run_host import CallbackRejected, RunKey, StepMetrics, SyncRunner, SyncStepRunner, call_on
 from .run_queue import RunQueue
+from .settling import runs_to_stop, settled_within
+from .step_key_gates import StepKeyGates
 from .stored_steps import prepared_record, running_elsewhere, settled
 from .writer import StepWriter, StepWriters, Tracked
 
@@ -89,8 +92,11 @@ class StepWorker:
         self.peers = peers
         self._runs: dict[RunKey, StepRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        gates = RateGates(lambda: storage_for(JobKey()), registry, clock, self._pump)
-        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging, gates)
+        default = partial(storage_for, JobKey())  # rate buckets, key places: one partition
+        gates = RateGates(default, registry, clock, self._pump)
+        keys = self.keys = StepKeyGates(default, registry, clock, options, host, activation_id)
+        keys.ready, keys.room = self._pump, lambda: self.max_parallel_steps - self._performing
+        self._queue = RunQueue(lambda: clock.now().timestamp(), options.priority_aging, gates, keys)
         self._performing = 0
         self._runners = 0
         self.writers = StepWriters(
@@ -320,6 +326,8 @@ class StepWorker:
                 run = queue.pop()
                 if run is None:
                     break
+                if run.step_class.concurrency is not None and not await self.keys.admit(run):
+                    continue  # set aside without a slot until its key has a place
                 run.holds_slot = True
                 self._performing += 1
                 self.peak_parallel = max(self.peak_parallel, self._performing)
@@ -327,6 +335,7 @@ class StepWorker:
                     await run.execute()
                 finally:
                     run.release_slot()
+                    self.keys.give_back(run)
                     self.runs_done += 1
                 while task.cancelling():  # a stop that landed in the run's work, handled
                     task.uncancel()
@@ -355,6 +364,7 @@ class StepWorker:
     def release(self, run: StepRun) -> None:
         if self._runs.get(run.key) is run:
             del self._runs[run.key]
+        self.keys.give_back(run)
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -383,20 +393,10 @@ class StepWorker:
         self, request: StopRequest, within: float | None = None
     ) -> SettledStops:
         """Stop the runs `request` names and wait, up to one deadline (`step_stop_timeout`),
-        for each to settle and persist its outcome. A run that settles answers its outcome and
-        reports it to the job as usual, once; one that does not is answered as timed out, its
-        callbacks are refused with Closed from then on, and it reports once it settles. A stop
-        already in progress is joined: the run is the same, and so is its one outcome."""
+        for each to settle and persist its outcome (`settling`)."""
         self._loop = asyncio.get_running_loop()
         timeout = within if within is not None else self.options.step_stop_timeout.total_seconds()
-        runs = [
-            run
-            for key, run in self._runs.items()
-            if key.job_key == request.job_key
-            and key.job_id == request.job_id
-            and (request.step_ids is None or key.step_id in request.step_ids)
-            and run.generation <= request.generation
-        ]
+        runs = runs_to_stop(self._runs, request)
         await self.stop_steps(request)
         return await settled_within(runs, self.clock, timeout)
 
@@ -420,8 +420,8 @@ class StepWorker:
     async def deactivate(self, within: float) -> None:
         """Shut down gracefully (the seed's deactivation): cancel every run and wait, up to
         `within` seconds in all, for its work and callbacks to end and for the writes under way
-        to land, then close. Nothing settled meanwhile is written or reported: the steps stay
-        Scheduled or Running for recovery."""
+        to land (places of keys given back too), then close. Nothing settled meanwhile is
+        written or reported: the steps stay Scheduled or Running for recovery."""
         self.closed = True
         self._queue.clear()
         for run in list(self._runs.values()):
@@ -429,7 +429,7 @@ class StepWorker:
         deadline = asyncio.ensure_future(self.clock.sleep(within))
         try:
             await until_done(deadline, lambda: self._tasks)  # the runs, and their work
-            await until_done(deadline, self.writers.flushing)  # then what they gave to write
+            await until_done(deadline, lambda: self.writers.flushing() + self.keys.giving_back())
         finally:
             deadline.cancel()
         await self.close()
@@ -440,6 +440,7 @@ class StepWorker:
         self.closed = True
         self._queue.clear()
         self.writers.close()
+        self.keys.close()
         for run in list(self._runs.values()):
             run.closed = True
             if run.runner is not None:

@@ -147,7 +147,11 @@ class JobsOptions(BaseModel):
     them at 100 %): started jobs finish before new ones take the workers; 0 turns it off."""
     concurrency_poll_interval: timedelta = timedelta(seconds=1)
     """How often a job waiting for its concurrency key asks again whether a place is free
-    (at once when a job of its key on the same controller host finishes)."""
+    (at once when a job of its key on the same controller host finishes); a worker host's
+    steps waiting for their step-level key ask as often."""
+    step_key_lease: timedelta = timedelta(seconds=30)
+    """How long a worker host's place of a step-level concurrency key holds without renewal
+    (renewed every third of it): a host that dies gives its places back when they expire."""
     key_providers: tuple[str, ...] = ()
     """Key providers every controller host asks for partitions to recover, as importable
     `module:callable` names (beside the entry points of `choreography_ray.key_providers`)."""
@@ -186,7 +190,7 @@ class JobsOptions(BaseModel):
             raise ValueError("must not be negative")
         return duration
 
-    @field_validator("host_call_timeout", "job_ownership_lease", mode="before")
+    @field_validator("host_call_timeout", "job_ownership_lease", "step_key_lease", mode="before")
     @classmethod
     def _positive_duration(cls, value: Any) -> timedelta:
         duration = parse_duration(value)

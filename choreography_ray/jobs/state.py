@@ -391,6 +391,8 @@ class JobStepState(_Model):
     decision: StepDecision | None = None
     """The job's decision on the stored failed attempt; None for any other outcome, and in
     records of earlier releases (decided then as they were)."""
+    waiting_for_key: KeyWait | None = None
+    """Its run waits on a worker host for a place of its step-level concurrency key."""
     version: int = Field(default=0, exclude=True)
     """As `JobState.version`: beside the record, never in its JSON."""
 
@@ -433,5 +435,6 @@ class JobStepState(_Model):
             result=None,
             error=None,
             decision=None,
+            waiting_for_key=None,
             version=version,
         )

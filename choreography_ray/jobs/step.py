@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, RootModel
 
 from .adaptive import AdaptiveConcurrency
+from .concurrency import ConcurrencyKey
 from .errors import ChoreographyError, TypeRegistryError
 from .rates import RATE_LIMITED, RateLimit
 from .registry import TypeKind, TypeRegistry, default_registry
@@ -183,6 +184,10 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
     rate_limit: ClassVar[RateLimit | str | None] = None
     """At most so many runs of this step type begin per period across the cluster ("100/s",
     "5000/h", or a `RateLimit`); the others wait their turn (docs/scheduling.md)."""
+    concurrency: ClassVar[ConcurrencyKey | None] = None
+    """At most `max_running` runs of this step type with one key perform at once across the
+    cluster; the key is a field of the step's state (what `perform` is given) or a callable
+    over it. The others wait without a worker slot (docs/scheduling.md)."""
 
     def __init_subclass__(
         cls, *, name: str | None = None, registry: TypeRegistry | None = None, **kwargs: Any
@@ -214,6 +219,12 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
             cls.registry.register(root, kind=TypeKind.RESULT, name=f"{cls.name}:result")
         cls.registry.register(cls, kind=TypeKind.STEP, name=cls.name)
         check_policy(cls)
+        if cls.concurrency is not None:
+            if not isinstance(cls.concurrency, ConcurrencyKey):
+                raise TypeRegistryError(
+                    f"{cls.__qualname__}: concurrency is a ConcurrencyKey, not {cls.concurrency!r}"
+                )
+            cls.concurrency.check(cls.state_type, cls.__qualname__)
         if cls.rate_limit is not None:
             cls.rate_limit = RateLimit.of(cls.rate_limit)
             RATE_LIMITED.add(cls.name)

@@ -30,6 +30,7 @@ from choreography_ray.jobs import (
     StepError,
 )
 from choreography_ray.jobs.registry import default_registry
+from choreography_ray.jobs.state import KeyWait
 from choreography_ray.storage import open_storage
 
 runner = CliRunner()
@@ -69,7 +70,7 @@ def _step(job_id: str, n: int, status: JobStepStatus, **changes: Any) -> JobStep
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A store with three jobs (two of whose ids start alike) and 150 steps of the first:
-    three done, one failed, the rest prepared and never run."""
+    three done, one failed, the rest prepared and never run (one waits for its key)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('habits') / 'jobs.db'}"
 
     async def fill() -> None:
@@ -89,6 +90,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
             3,
             JobStepStatus.FAILED,
             error=StepError(messages=["shard [3] broke: see [logs]"]),
+        )
+        steps[4] = _step(
+            IDS[0],
+            4,
+            JobStepStatus.UNKNOWN,
+            waiting_for_key=KeyWait(key="tenant-a", limit=2, since=BASE),
         )
         await storage.steps.save_many(steps)
         await provider.close()
@@ -203,6 +210,15 @@ def test_prepared_steps_are_shown_and_filtered_as_prepared(store):
         "PREPARED",
         "PREPARED",
     ]
+
+
+def test_a_step_waiting_for_its_key_says_so(store):
+    table = local(store, "jobs", "steps", IDS[0], "--limit", "6", "--wide")
+    row = table.output.splitlines()[5]
+    assert "PREPARED (waiting)" in row and "waiting: key tenant-a at its limit 2" in row
+    listed = json.loads(local(store, "jobs", "steps", IDS[0], "--limit", "6", "-o", "json").output)
+    waits = [step["waiting_for_key"] for step in listed["steps"]]
+    assert waits == [None, None, None, None, "waiting: key tenant-a at its limit 2", None]
 
 
 def test_limit_zero_lists_every_step_and_a_page_says_how_to_go_on(store):

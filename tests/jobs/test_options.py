@@ -58,6 +58,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "reconciliation_interval": ("duration", timedelta(seconds=60)),
     "membership_interval": ("timeout", timedelta(seconds=1)),
     "concurrency_poll_interval": ("timeout", timedelta(seconds=1)),
+    "step_key_lease": ("timeout", timedelta(seconds=30)),
     "priority_aging": ("points", 1.0),
     "finish_started_jobs": ("points", 0.0),
     "key_providers": ("names", ()),

@@ -99,6 +99,47 @@ class KeyedJob(Job[Tenant], name="scheduling-tests.keyed"):
         return [self.create_step(WaitForGate, request)]
 
 
+class Keyed(BaseModel):
+    directory: str
+    tenant: str = "acme"
+    n: int = 0
+
+
+class KeyedCall(JobStep[Keyed, Keyed, int], name="scheduling-tests.keyed-call"):
+    """One run of a tenant at a time, across the cluster: it notes when it performed, where."""
+
+    concurrency = ConcurrencyKey("tenant", max_running=1)
+
+    def initialize_state(self, request: Keyed) -> Keyed:
+        return request
+
+    async def perform(self, state: Keyed, ctx: StepContext) -> int:
+        import ray
+
+        began = time.time()
+        await asyncio.sleep(0.3)
+        node = ray.get_runtime_context().get_node_id()
+        (Path(state.directory) / f"{state.tenant}-{state.n}").write_text(
+            f"{began!r} {time.time()!r} {node}"
+        )
+        return state.n
+
+
+class KeyedCallsJob(Job[Keyed], name="scheduling-tests.keyed-calls"):
+    keep_after_completed = True
+
+    def prepare_steps(self, request: Keyed):
+        calls = [Keyed(directory=request.directory, n=n) for n in range(4)]
+        calls += [Keyed(directory=request.directory, tenant="globex", n=n) for n in range(2)]
+        return [self.create_step(KeyedCall, call) for call in calls]
+
+
+def performed(directory: Path, tenant: str) -> list[tuple[float, float, str]]:
+    """When each keyed call of `tenant` began and ended, and on which node, in order."""
+    found = [p.read_text().split() for p in directory.iterdir() if p.name.startswith(tenant)]
+    return sorted((float(began), float(ended), node) for began, ended, node in found)
+
+
 RATE = 10.0
 """Runs a second the rate-limited step type allows, across the cluster."""
 

@@ -4,6 +4,7 @@ the second controller's node)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +23,8 @@ from .scheduling_jobs import (
     SERVICE,
     CallsJob,
     Gate,
+    Keyed,
+    KeyedCallsJob,
     KeyedJob,
     Numbered,
     RatedJob,
@@ -31,6 +34,7 @@ from .scheduling_jobs import (
     Timed,
     TimedJob,
     began,
+    performed,
     starts,
 )
 
@@ -126,6 +130,19 @@ def test_an_adaptive_window_settles_at_what_a_throttling_service_takes(cluster):
         assert window.throttled == ray.get(service.throttled_calls.remote()) > 0
     finally:
         ray.kill(service)
+
+
+def test_a_step_level_key_holds_across_two_worker_hosts(cluster, tmp_path):
+    """Four steps of one key limited to one at a time, two of another key, on two worker
+    hosts of one slot each: the key's runs never overlap although both hosts run some, and
+    a run waiting for its key leaves its host's slot to the other key."""
+    jobs = cluster.jobs
+    job_id = jobs.start(KeyedCallsJob, Keyed(directory=str(tmp_path)))
+    assert jobs.wait(job_id, timeout=120).status == JobStatus.COMPLETED_SUCCESSFULLY
+    acme = performed(tmp_path, "acme")
+    assert len(acme) == 4 and len(performed(tmp_path, "globex")) == 2
+    assert all(first[1] <= then[0] for first, then in itertools.pairwise(acme))  # one at a time
+    assert len({node for *_, node in acme}) == 2
 
 
 def _start_on(controller: str, request: Tenant, job_id: str) -> None:
