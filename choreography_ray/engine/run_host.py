@@ -50,8 +50,11 @@ class SyncRun(Protocol):
 
     key: RunKey
     attempt: int
-    context: StepContext
-    """What the step's work is given."""
+
+    @property
+    def context(self) -> StepContext:
+        """What the step's work is given."""
+
     cancel_work: Callable[[], None] | None
     """Set by a runner whose work runs elsewhere, to cancel it there."""
 
