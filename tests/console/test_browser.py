@@ -190,15 +190,15 @@ def test_stop_and_resume_a_job_from_its_page(browser, console):
     job_id = start(console, "slow", "quick")
     browser.get(f"{console.url}/jobs/{job_id}")
     until(browser, shows("RUNNING"), "the running job")
-    assert not _button(browser, "resume").is_enabled()  # meaningless while it runs
+    until(browser, lambda d: not _button(d, "resume").is_enabled(), "no resume while it runs")
 
     click(browser, By.CSS_SELECTOR, "button[value='stop']")
-    browser.switch_to.alert.dismiss()  # changed their mind: nothing happens
+    alert(browser).dismiss()  # changed their mind: nothing happens
     console.run(console.cluster.settle())
     assert console.run(console.cluster.manager().get(job_id)).status == JobStatus.RUNNING
 
     click(browser, By.CSS_SELECTOR, "button[value='stop']")
-    browser.switch_to.alert.accept()
+    alert(browser).accept()
     until(browser, shows("stop: requested"), "the stop's notice")
     until(browser, shows("STOPPED"), "the stopped job")
     until(browser, lambda d: _button(d, "resume").is_enabled(), "resume offered")
@@ -206,13 +206,20 @@ def test_stop_and_resume_a_job_from_its_page(browser, console):
 
     release(console, "slow")
     click(browser, By.CSS_SELECTOR, "button[value='resume']")
-    browser.switch_to.alert.accept()
+    alert(browser).accept()
     until(browser, shows("resume: requested"), "the resume's notice")
     until(browser, shows("COMPLETED_SUCCESSFULLY"), "the resumed job completing")
     until(browser, lambda d: d.execute_script(live_flag) == "0", "live refresh ended")
 
 
 live_flag = "return document.getElementById('main').dataset.live;"
+
+
+def alert(driver: Any) -> Any:
+    """The confirmation the click asked for, once the browser shows it."""
+    from selenium.webdriver.support import expected_conditions
+
+    return until(driver, expected_conditions.alert_is_present(), "the confirmation")
 
 
 def _button(driver: Any, action: str) -> Any:
