@@ -101,7 +101,7 @@ def _header(order: JobOrder, wanted: JobFilter, params: dict[str, object]) -> st
     descending = not wanted.descending if current else order in _FIRST_DESCENDING
     target = url("/jobs", {**params, "sort": order.value, "dir": _direction(descending)})
     if not current:
-        return f'<th><a href="{e(target)}" title="sort by {label}">{e(label)}</a></th>'
+        return f'<th><a href="{e(target)}" title="sort by {e(label)}">{e(label)}</a></th>'
     way = "descending" if wanted.descending else "ascending"
     arrow = "▾" if wanted.descending else "▴"
     return (
