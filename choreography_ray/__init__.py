@@ -7,7 +7,7 @@ nodes; when a node, a process or the whole cluster dies, jobs pick up where they
 from .exports import lazy_names
 from .jobs import *  # noqa: F403
 from .jobs import __all__ as _jobs_all
-from .storage import JobQuery, StorageProvider, StorageURL, open_storage
+from .storage import JobOrder, JobQuery, StorageProvider, StorageURL, open_storage
 
 __version__ = "0.1.0"
 
@@ -20,6 +20,7 @@ __getattr__ = lazy_names(
 __all__ = [
     *_jobs_all,
     "AsyncJobs",  # noqa: F405 - loaded on first use (see __getattr__)
+    "JobOrder",
     "JobQuery",
     "Jobs",  # noqa: F405
     "StorageProvider",

@@ -8,6 +8,7 @@ no Ray start-up and reaches nothing stored.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -31,14 +32,18 @@ from .common import (
     no_cluster,
     on_interrupt,
 )
+from .listing import SINCE_HELP, SORT_HELP, changed_since, job_sort
 from .output import (
     Output,
     OutputOption,
     WideOption,
     history_lines,
     job_detail_json,
+    partition_options,
     print_json,
+    quarantine_lines,
     show_jobs,
+    waiting_text,
 )
 from .reading import ClusterReading, read_cluster, watch_in_storage
 
@@ -76,42 +81,9 @@ def _job_of(jobs: Jobs, given: str, scope: str, namespace: str, action: str) -> 
     on_interrupt(
         f"interrupted: the {action} of job {job_id} may or may not have reached the cluster; "
         f"the job is safe in storage, and `choreography jobs show {job_id}"
-        f"{_partition_options(scope, namespace)}` says where it stands"
+        f"{partition_options(scope, namespace)}` says where it stands"
     )
     return job_id
-
-
-def _partition_options(scope: str, namespace: str) -> str:
-    """` --scope S --namespace N`, leaving out the defaults: for a command to copy."""
-    return "".join(
-        f" --{name} {value}"
-        for name, value, default in (
-            ("scope", scope, DEFAULT_SCOPE),
-            ("namespace", namespace, DEFAULT_NAMESPACE),
-        )
-        if value != default
-    )
-
-
-def waiting_text(job: Any) -> str:
-    """ "waiting for a worker: <reason>" for a job that waits for one, else ""."""
-    wait = job.waiting_for_worker
-    return f"waiting for a worker: {wait.reason}" if wait is not None else ""
-
-
-def quarantine_lines(job: Any) -> list[str]:
-    """What `jobs show` says of a job recovery gave up on (none for another job): why, and the
-    command that takes it out."""
-    from ..console.reader import quarantine_text
-
-    if job.quarantine is None:
-        return []
-    where = _partition_options(job.key.scope, job.key.namespace)
-    return [
-        quarantine_text(job),
-        f"recovery no longer resumes it; `choreography jobs resume {job.id}{where}` takes it "
-        "out of quarantine and resumes it",
-    ]
 
 
 @jobs_app.command("list")
@@ -123,18 +95,33 @@ def jobs_list(
     status: Annotated[list[str] | None, typer.Option(help="Only jobs in this status.")] = None,
     job_type: Annotated[str | None, typer.Option("--type", help="Only jobs of this type.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 100,
+    changed: Annotated[str | None, typer.Option("--changed-since", help=SINCE_HELP)] = None,
+    sort: Annotated[str, typer.Option("--sort", help=SORT_HELP)] = "created",
     output: OutputOption = Output.table,
     wide: WideOption = False,
     module: ModuleOption = None,
 ) -> None:
-    """List jobs, oldest first, one line each.
+    """List jobs, oldest first unless --sort says otherwise, one line each.
 
-    Example: choreography jobs list --status running --output json
+    Example: choreography jobs list --changed-since 1h --sort=-changed
     """
     from ..runtime.arguments import check_query, job_key
 
     statuses = frozenset(guard(lambda: [_status(s) for s in status or []]))
-    query = guard(lambda: check_query(JobQuery(type=job_type, statuses=statuses, take=limit)))
+    order, descending = guard(lambda: job_sort(sort))
+    after = guard(lambda: changed_since(changed, datetime.now(UTC)) if changed else None)
+    query = guard(
+        lambda: check_query(
+            JobQuery(
+                type=job_type,
+                statuses=statuses,
+                changed_after=after,
+                order=order,
+                descending=descending,
+                take=limit,
+            )
+        )
+    )
     key = guard(lambda: job_key(scope, namespace))
 
     async def work(reader: Any, _: ClusterReading) -> list[Any]:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console.reader import change_event, key_wait, status_text, waiting_for_worker
-from ..jobs.state import JobState, JobStepState
+from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
 
@@ -45,10 +45,6 @@ def _time(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _last_change(job: JobState) -> datetime:
-    return job.status_changes[-1].occurred if job.status_changes else job.created
-
-
 def job_json(job: JobState) -> dict[str, Any]:
     """A job in listings (schema: docs/running.md, "JSON output")."""
     p = job.progress
@@ -60,7 +56,7 @@ def job_json(job: JobState) -> dict[str, Any]:
         "status": job.status.name,
         "priority": job.priority,
         "created": _time(job.created),
-        "updated": _time(_last_change(job)),
+        "updated": _time(job.last_change),
         "progress": {
             "total": p.total_steps,
             "succeeded": p.successful_steps,
@@ -304,3 +300,36 @@ def history_lines(job: JobState) -> list[str]:
         lines.append(f"  {change.occurred:%Y-%m-%d %H:%M:%S}  {JobStatus(change.status).name}{why}")
         before, before_host = change.status, change.host or before_host
     return lines
+
+
+def partition_options(scope: str, namespace: str) -> str:
+    """` --scope S --namespace N`, leaving out the defaults: for a command to copy."""
+    return "".join(
+        f" --{name} {value}"
+        for name, value, default in (
+            ("scope", scope, DEFAULT_SCOPE),
+            ("namespace", namespace, DEFAULT_NAMESPACE),
+        )
+        if value != default
+    )
+
+
+def waiting_text(job: Any) -> str:
+    """ "waiting for a worker: <reason>" for a job that waits for one, else ""."""
+    wait = job.waiting_for_worker
+    return f"waiting for a worker: {wait.reason}" if wait is not None else ""
+
+
+def quarantine_lines(job: Any) -> list[str]:
+    """What `jobs show` says of a job recovery gave up on (none for another job): why, and the
+    command that takes it out."""
+    from ..console.reader import quarantine_text
+
+    if job.quarantine is None:
+        return []
+    where = partition_options(job.key.scope, job.key.namespace)
+    return [
+        quarantine_text(job),
+        f"recovery no longer resumes it; `choreography jobs resume {job.id}{where}` takes it "
+        "out of quarantine and resumes it",
+    ]

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -23,9 +24,10 @@ from ..jobs.options import option_error
 from ..jobs.state import JobKey, utc
 from ..jobs.status import FAILED_STEP_STATUSES, JobStatus
 from ..storage.codec import check_id
+from ..storage.job_order import JobOrder
 from ..storage.retry import one_line
 from ..storage.step_query import StepCursor, StepOrder, StepQuery
-from . import pages, step_pages
+from . import job_list, pages, step_pages
 from .html import e, key_params, layout, main, path, url
 from .ports import ACTIONS, ClusterView, JobActions
 from .reader import (
@@ -148,6 +150,23 @@ def _time(request: web.Request, name: str) -> datetime | None:
         ) from None
 
 
+def _job_sort(request: web.Request) -> dict[str, Any]:
+    """The jobs page's `sort` (a column) and `dir` (asc or desc); newest first by default.
+    `order=oldest`, what its links said before columns sorted, still means created ascending."""
+    if request.query.get("order", "") == "oldest" and "sort" not in request.query:
+        return {"sort": JobOrder.CREATED, "descending": False}
+    raw = request.query.get("sort", "").strip() or JobOrder.CREATED.value
+    try:
+        sort = JobOrder(raw)
+    except ValueError:
+        names = ", ".join(o.value for o in JobOrder)
+        raise BadInput(f"sort must be one of {names} (got {raw!r})") from None
+    way = request.query.get("dir", "").strip() or "desc"
+    if way not in ("asc", "desc"):
+        raise BadInput(f"dir must be asc or desc (got {way!r})")
+    return {"sort": sort, "descending": way == "desc"}
+
+
 def _key(request: web.Request) -> JobKey:
     scope = request.query.get("scope") or "default"
     namespace = request.query.get("namespace") or "default"
@@ -233,12 +252,14 @@ async def _jobs(request: web.Request) -> web.Response:
         id_prefix=request.query.get("id", "").strip(),
         created_after=_time(request, "from"),
         created_before=_time(request, "to"),
-        oldest_first=request.query.get("order", "") == "oldest",
+        changed_after=_time(request, "changed_from"),
+        changed_before=_time(request, "changed_to"),
+        **_job_sort(request),
     )
     reader = request.app[READER]
     found = await reader.jobs(wanted)
-    body = pages.jobs_page(wanted, found, pages.now_utc())
-    filters = pages.jobs_filters(wanted) + pages.partitions(await _busy(reader), wanted.key)
+    body = job_list.jobs_page(wanted, found, pages.now_utc())
+    filters = job_list.jobs_filters(wanted) + job_list.partitions(await _busy(reader), wanted.key)
     return _render(request, "Jobs", body, live=True, filters=filters)
 
 

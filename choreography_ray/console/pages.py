@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
 
 from ..jobs.state import JobKey, JobStageProgress, JobState
 from ..jobs.status import JobStatus
@@ -17,8 +16,6 @@ from .html import bar, duration, e, key_params, path, url, when
 from .pace import chart, pace_text
 from .ports import ACTIONS, ClusterSnapshot, HostView
 from .reader import (
-    JobFilter,
-    Page,
     change_event,
     key_wait,
     quarantine_text,
@@ -51,97 +48,6 @@ def select_options(selected: str, names: Iterable[str]) -> str:
         mark = " selected" if name.lower() == selected.lower() else ""
         out.append(f'<option value="{e(name.lower())}"{mark}>{e(name.lower())}</option>')
     return "".join(out)
-
-
-def _moment(value: datetime | None) -> str:
-    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
-
-
-def jobs_filters(wanted: JobFilter) -> str:
-    status = next(iter(wanted.statuses)).name if len(wanted.statuses) == 1 else ""
-    order = "oldest" if wanted.oldest_first else ""
-    return (
-        '<form method="get" action="/jobs" class="job-filters">'
-        f'id <input name="id" value="{e(wanted.id_prefix)}" size="16" '
-        'placeholder="id or prefix" aria-label="job id or prefix"> '
-        f'scope <input name="scope" value="{e(wanted.key.scope)}" size="12"> '
-        f'namespace <input name="namespace" value="{e(wanted.key.namespace)}" size="12"> '
-        f'status <select name="status">{select_options(status, (s.name for s in JobStatus))}'
-        "</select> "
-        f'type <input name="type" value="{e(wanted.type or "")}" size="18"> '
-        f'created from <input name="from" type="datetime-local" '
-        f'value="{_moment(wanted.created_after)}" aria-label="created from (UTC)"> '
-        f'to <input name="to" type="datetime-local" value="{_moment(wanted.created_before)}" '
-        'aria-label="created before (UTC)"> '
-        f'<input type="hidden" name="size" value="{wanted.size}">'
-        f'<input type="hidden" name="order" value="{order}">'
-        '<button type="submit">Filter</button></form>'
-    )
-
-
-def partitions(keys: list[JobKey], current: JobKey) -> str:
-    """Links to the partitions that hold unfinished jobs, the one shown in bold."""
-    if not keys:
-        return ""
-    links = [
-        f"<b>{e(key)}</b>"
-        if key == current
-        else f'<a href="{e(url("/jobs", key_params(key)))}">{e(key)}</a>'
-        for key in keys
-    ]
-    return f'<p class="partitions muted">unfinished jobs in: {" · ".join(links)}</p>'
-
-
-def _pager(base: str, params: dict[str, object], found: Page[Any], labels: tuple[str, str]) -> str:
-    links = []
-    if found.has_previous:
-        target = url(base, {**params, "page": found.page - 1})
-        links.append(f'<a rel="prev" href="{e(target)}">← {labels[0]}</a>')
-    links.append(f"page {found.page + 1} of {found.pages} ({found.total} in all)")
-    if found.has_next:
-        target = url(base, {**params, "page": found.page + 1})
-        links.append(f'<a rel="next" href="{e(target)}">{labels[1]} →</a>')
-    return f'<p class="pager">{" · ".join(links)}</p>'
-
-
-def jobs_page(wanted: JobFilter, found: Page[JobState], now: datetime) -> str:
-    rows = []
-    for job in found.items:
-        p = job.progress
-        failed = p.failed_steps + p.unreachable_steps
-        rows.append(
-            f'<tr data-job="{e(job.id)}"><td><a href="{e(job_link(job.id, wanted.key))}">'
-            f"<code>{e(job.id)}</code></a></td><td>{e(job.type)}</td>"
-            f'<td class="status">{job_badge(job)}</td>'
-            f"<td>{bar(p.done_steps, p.total_steps, failed)}</td>"
-            f"<td>{e(when(job.created))}</td>"
-            f"<td>{e(duration((now - job.created).total_seconds()))}</td></tr>"
-        )
-    params: dict[str, object] = {
-        **key_params(wanted.key),
-        "status": ",".join(s.name for s in sorted(wanted.statuses)),
-        "type": wanted.type or "",
-        "id": wanted.id_prefix,
-        "from": _moment(wanted.created_after),
-        "to": _moment(wanted.created_before),
-        "size": wanted.size,
-        "order": "oldest" if wanted.oldest_first else "",
-    }
-    turned = url("/jobs", {**params, "order": "" if wanted.oldest_first else "oldest"})
-    arrow = "▴ oldest first" if wanted.oldest_first else "▾ newest first"
-    created = (
-        f'<a href="{e(turned)}" title="sort the other way">created (UTC)</a> '
-        f'<span class="muted">{arrow}</span>'
-    )
-    table = (
-        "<table><thead><tr><th>id</th><th>type</th><th>status</th><th>progress</th>"
-        f"<th>{created}</th><th>age</th></tr></thead><tbody>"
-        + ("".join(rows) or '<tr><td colspan="6" class="muted">no jobs</td></tr>')
-        + "</tbody></table>"
-    )
-    title = f"<h1>Jobs in {e(wanted.key.scope)}/{e(wanted.key.namespace)}</h1>"
-    labels = ("older", "newer") if wanted.oldest_first else ("newer", "older")
-    return title + table + _pager("/jobs", params, found, labels)
 
 
 def _action_reason(action: str, job: JobState, can_drain: bool) -> str:

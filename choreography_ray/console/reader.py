@@ -2,8 +2,8 @@
 
 Storage is the truth (DESIGN §3), so views read it rather than ask a controller host: a
 console shows the jobs of a cluster whose hosts are down, and reading never activates a job.
-Pages are newest first. Every provider orders jobs oldest first, so a page is counted from the
-end: one `count` and one `query` with `skip`/`take` per page, whatever the number of jobs.
+A page of jobs is one `count` and one `query` with `skip`/`take` in the order asked (storage
+sorts, by creation, last change, id or status, either way), whatever the number of jobs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..jobs.status import (
     JobStatus,
     JobStepStatus,
 )
+from ..storage.job_order import JobOrder
 from ..storage.protocols import JobQuery, StepCounts
 from ..storage.provider import StorageProvider
 from ..storage.step_query import StepCursor, StepQuery
@@ -35,9 +36,10 @@ MAX_PAGE_SIZE = 500
 
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a listing shows. `page` counts from 0, newest first unless `oldest_first`;
-    `id_prefix` keeps the jobs whose id starts with it; `created_after` (inclusive) and
-    `created_before` (exclusive) bound their creation."""
+    """Which jobs a listing shows, in what order. `page` counts from 0; by default newest
+    first (`sort` and `descending`); `id_prefix` keeps the jobs whose id starts with it;
+    `created_after` (inclusive) and `created_before` (exclusive) bound their creation,
+    `changed_after` and `changed_before` their last change alike."""
 
     key: JobKey = field(default_factory=JobKey)
     statuses: frozenset[JobStatus] = frozenset()
@@ -47,7 +49,10 @@ class JobFilter:
     id_prefix: str = ""
     created_after: datetime | None = None
     created_before: datetime | None = None
-    oldest_first: bool = False
+    changed_after: datetime | None = None
+    changed_before: datetime | None = None
+    sort: JobOrder = JobOrder.CREATED
+    descending: bool = True
 
     def __post_init__(self) -> None:
         check_page(self.page, self.size)
@@ -90,7 +95,7 @@ class JobsReader:
         self.provider = provider
 
     async def jobs(self, wanted: JobFilter) -> Page[JobState]:
-        """A page of jobs, newest first."""
+        """A page of jobs, in the order `wanted` asks."""
         storage = self.provider.for_key(wanted.key)
         query = JobQuery(
             type=wanted.type or None,
@@ -98,22 +103,16 @@ class JobsReader:
             id_prefix=wanted.id_prefix,
             created_after=wanted.created_after,
             created_before=wanted.created_before,
-            take=0,
+            changed_after=wanted.changed_after,
+            changed_before=wanted.changed_before,
+            order=wanted.sort,
+            descending=wanted.descending,
+            skip=wanted.page * wanted.size,
+            take=wanted.size,
         )
         total = await storage.jobs.count(query)
-        if wanted.oldest_first:
-            found = await storage.jobs.query(
-                query.model_copy(update={"skip": wanted.page * wanted.size, "take": wanted.size})
-            )
-            return Page(found, total, wanted.page, wanted.size)
-        end = total - wanted.page * wanted.size
-        if end <= 0:
-            return Page([], total, wanted.page, wanted.size)
-        start = max(0, end - wanted.size)
-        found = await storage.jobs.query(
-            query.model_copy(update={"skip": start, "take": end - start})
-        )
-        return Page(list(reversed(found)), total, wanted.page, wanted.size)
+        found = await storage.jobs.query(query) if query.skip < total else []
+        return Page(found, total, wanted.page, wanted.size)
 
     async def busy_partitions(self) -> list[JobKey]:
         """The partitions holding unfinished jobs (running, or stopping), as recovery's catalog

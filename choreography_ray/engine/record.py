@@ -66,6 +66,8 @@ class JobRecord:
         self._on_saved = on_saved
         self._decisions: dict[str, StepDecision] = {}
         """Decisions on failed attempts not yet stored with them (see `decided`)."""
+        self._saved_marks = _marks(state)
+        """Status and progress as last saved: a write that changes them stamps `changed`."""
 
     @property
     def id(self) -> str:
@@ -133,6 +135,9 @@ class JobRecord:
         state = self.state
         since = int((self.ctx.clock.now() - state.created).total_seconds())
         state.progress_history = noted(state.progress_history, since, state.progress.done_steps)
+        marks = _marks(state)
+        if marks != self._saved_marks:
+            state.changed = self.ctx.clock.now()
         me = self.ctx.owner
         owner = self.state.owner
         if (
@@ -151,6 +156,7 @@ class JobRecord:
             self.release("the job changed in storage under this activation")
             raise
         self.counters.job_writes += 1
+        self._saved_marks = marks
         if self._on_saved is not None:
             self._on_saved()
 
@@ -244,3 +250,18 @@ async def save_all(storage: Any, states: list[JobStepState]) -> None:
         return
     for state, version in zip(states, versions, strict=True):
         state.version = version
+
+
+def _marks(state: JobState) -> tuple[object, ...]:
+    """What a reader calls a change of the job: its status and its progress (a write that
+    only renews the owner's lease is none)."""
+    p = state.progress
+    return (
+        state.status,
+        p.total_steps,
+        p.successful_steps,
+        p.failed_steps,
+        p.stopped_steps,
+        p.unreachable_steps,
+        p.message,
+    )

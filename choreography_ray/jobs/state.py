@@ -289,12 +289,20 @@ class JobState(_Model):
     """(seconds since `created`, steps done) as the job's writes saw them, at most one point
     per `history.PROGRESS_EVERY` seconds and `PROGRESS_POINTS` in all, the older ones thinned: what
     the console draws its chart and reckons its rate from."""
+    changed: datetime | None = None
+    """When a write last changed its status or progress (None before one): see `last_change`."""
     version: int = Field(default=0, exclude=True)
     """Compare-and-set token: 0 for a record never saved, then the stored version. Kept
     beside the record, never in its JSON (excluded in the schema: an `exclude=` argument
     per dump nearly doubled the cost of encoding a step record)."""
 
-    _utc = field_validator("created")(classmethod(lambda cls, v: utc(v)))
+    _utc = field_validator("created", "changed")(classmethod(lambda cls, v: v and utc(v)))
+
+    @property
+    def last_change(self) -> datetime:
+        """The latest of creation, last status change and last progress write (`changed`)."""
+        last = self.status_changes[-1].occurred if self.status_changes else self.created
+        return max(last, self.created, self.changed or self.created)
 
     @property
     def is_preparing_or_running(self) -> bool:

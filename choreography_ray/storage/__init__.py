@@ -6,6 +6,7 @@ storage = provider.for_key(scope="studio", namespace="tenant-a")
 job = await storage.jobs.get(job_id)
 """
 
+from .job_order import JobOrder
 from .protocols import (
     JobQuery,
     JobsStorage,
@@ -22,6 +23,7 @@ from .url import StorageURL, redact
 
 __all__ = [
     "PROVIDERS",
+    "JobOrder",
     "JobQuery",
     "JobStepStorage",
     "JobStorage",

@@ -28,6 +28,7 @@ from .codec import (
     check_id,
     check_job_key,
 )
+from .job_order import JobOrder
 from .protocols import JobQuery, JobsStorage, StepCounts, StorageCapabilities
 from .provider import StorageProvider
 from .step_query import StepKey, StepPage, StepQuery, changed_micros, matches, select_page
@@ -42,6 +43,16 @@ class JobRow:
     created_us: int
     stop_finalized: bool
     document: str
+    changed_us: int = 0
+
+    def order_key(self, job_id: str, order: JobOrder) -> tuple[int | str, ...]:
+        if order == JobOrder.CHANGED:
+            return (self.changed_us, job_id)
+        if order == JobOrder.ID:
+            return (job_id,)
+        if order == JobOrder.STATUS:
+            return (self.status, self.created_us, job_id)
+        return (self.created_us, job_id)
 
 
 @dataclass
@@ -182,6 +193,7 @@ class MemoryJobStorage(JobLookup, _Base):
                 created_us=to_micros(state.created),
                 stop_finalized=state.stop_finalized,
                 document=document,
+                changed_us=to_micros(state.last_change),
             )
         return version
 
@@ -203,6 +215,8 @@ class MemoryJobStorage(JobLookup, _Base):
         statuses = {int(s) for s in query.statuses}
         bound = to_micros(query.created_before) if query.created_before else None
         start = to_micros(query.created_after) if query.created_after else None
+        changed_before = to_micros(query.changed_before) if query.changed_before else None
+        changed_after = to_micros(query.changed_after) if query.changed_after else None
         with self._lock:
             rows = [
                 (job_id, row)
@@ -211,9 +225,12 @@ class MemoryJobStorage(JobLookup, _Base):
                 and (not statuses or row.status in statuses)
                 and (bound is None or row.created_us < bound)
                 and (start is None or row.created_us >= start)
+                and (changed_before is None or row.changed_us < changed_before)
+                and (changed_after is None or row.changed_us >= changed_after)
                 and job_id.startswith(query.id_prefix)
             ]
-        rows.sort(key=lambda item: (item[1].created_us, item[0]))
+        order = query.order
+        rows.sort(key=lambda item: item[1].order_key(item[0], order), reverse=query.descending)
         return rows
 
     async def query(self, query: JobQuery | None = None) -> list[JobState]:

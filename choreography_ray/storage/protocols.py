@@ -20,15 +20,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep, utc
 from ..jobs.status import JobStatus, JobStepStatus
+from .job_order import JobOrder
 from .step_query import StepPage, StepQuery, key_of, matches, select_page
 
 
 class JobQuery(BaseModel):
-    """A page of jobs, ordered by creation time and then id.
+    """A page of jobs, ordered by `order` (creation time by default), ascending unless
+    `descending`; every order ends with the id.
 
     `statuses` empty means every status; `created_before` is exclusive, `created_after`
-    inclusive; `id_prefix` keeps the jobs whose id starts with it (exactly: by case, no
-    wildcard); `take` <= 0 means no limit.
+    inclusive, and so are `changed_before` and `changed_after`, which bound the job's last
+    change (`JobState.last_change`); `id_prefix` keeps the jobs whose id starts with it
+    (exactly: by case, no wildcard); `take` <= 0 means no limit.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -37,11 +40,15 @@ class JobQuery(BaseModel):
     statuses: frozenset[JobStatus] = Field(default_factory=frozenset)
     created_before: datetime | None = None
     created_after: datetime | None = None
+    changed_before: datetime | None = None
+    changed_after: datetime | None = None
     id_prefix: str = ""
+    order: JobOrder = JobOrder.CREATED
+    descending: bool = False
     skip: int = 0
     take: int = 100
 
-    @field_validator("created_before", "created_after")
+    @field_validator("created_before", "created_after", "changed_before", "changed_after")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         return utc(value) if value is not None else None

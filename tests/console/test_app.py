@@ -11,11 +11,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 import choreography_ray as cr
-from choreography_ray.jobs import JobStatus
+from choreography_ray.jobs import JobState, JobStatus
 
 from ..engine import fixtures
 from ..engine.fixtures import ScenarioJob, request
@@ -96,6 +97,48 @@ def test_jobs_are_filtered_by_status_type_and_partition(console):
     fixtures.SCRIPT.release("slow")  # the in-process cluster's run ends as the test does
 
 
+def test_jobs_sort_by_any_column_both_ways_and_filter_by_last_change(console):
+    """Sorting is storage's, so it holds across pages; the sorted column's header turns it."""
+    base = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    jobs = console.cluster.storage().jobs
+    for job_id, created, changed, status in [
+        ("b-job", 0, 30, JobStatus.COMPLETED_SUCCESSFULLY),
+        ("a-job", 10, 20, JobStatus.FAILED),
+        ("c-job", 20, 25, JobStatus.STOPPED),
+    ]:
+        at = base + timedelta(minutes=created)
+        state = JobState(
+            id=job_id,
+            type="scenario.job",
+            status=status,
+            stop_finalized=True,
+            created=at,
+            changed=base + timedelta(minutes=changed),
+        )
+        console.run(jobs.save(state))
+
+    def ids(target: str) -> list[str]:
+        status, page = get(console, target)
+        assert status == 200, page
+        return job_ids_in(page)
+
+    assert ids("/jobs") == ["c-job", "a-job", "b-job"]  # newest first
+    assert ids("/jobs?sort=changed") == ["b-job", "c-job", "a-job"]
+    assert ids("/jobs?sort=changed&dir=asc") == ["a-job", "c-job", "b-job"]
+    assert ids("/jobs?sort=status&dir=asc") == ["b-job", "c-job", "a-job"]
+    assert ids("/jobs?changed_from=2026-05-01T12:25") == ["c-job", "b-job"]
+    assert ids("/jobs?changed_to=2026-05-01T12:25&changed_from=2026-05-01") == ["a-job"]
+    assert ids("/jobs?order=oldest") == ["b-job", "a-job", "c-job"]  # links of before
+    _, first = get(console, "/jobs?sort=id&dir=asc&size=2")
+    assert job_ids_in(first) == ["a-job", "b-job"]
+    following = re.search(r'rel="next" href="([^"]+)"', first)
+    assert following and ids(html.unescape(following.group(1))) == ["c-job"]
+    turned = re.search(r'<th aria-sort="ascending"><a href="([^"]+)"', first)
+    assert turned and ids(html.unescape(turned.group(1))) == ["c-job", "b-job"]  # size kept
+    by_change = re.search(r'<a href="([^"]+)" title="sort by last change', first)
+    assert by_change and ids(html.unescape(by_change.group(1))) == ["b-job", "c-job"]
+
+
 def test_partitions_with_unfinished_jobs_are_linked(console):
     from choreography_ray.jobs.state import JobKey
 
@@ -123,6 +166,9 @@ def test_partitions_with_unfinished_jobs_are_linked(console):
         ("/jobs?page=-1", 400, "page must be 0 or more"),
         ("/jobs?size=100000", 400, "page size must be between 1 and 500"),
         ("/jobs?scope=%20", 400, "scope"),
+        ("/jobs?sort=age", 400, "sort must be one of created, changed, id, status"),
+        ("/jobs?dir=up", 400, "dir must be asc or desc"),
+        ("/jobs?changed_from=yesterday", 400, "changed_from must be a date"),
         ("/jobs/no-such-job", 404, "no job with id &#x27;no-such-job&#x27;"),
         ("/jobs/no-such-job/steps", 404, "no job with id"),
         ("/jobs/j/steps?after=zzz", 400, "is not a page cursor"),

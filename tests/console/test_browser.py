@@ -75,6 +75,18 @@ def shows(text: str) -> Any:
     return check
 
 
+def listed(*job_ids: str) -> Any:
+    """The jobs page lists exactly these jobs, in this order."""
+
+    def check(driver: Any) -> bool:
+        rows = driver.execute_script(
+            "return Array.from(document.querySelectorAll('tr[data-job]'), r => r.dataset.job);"
+        )
+        return bool(rows == list(job_ids))
+
+    return check
+
+
 def screenshot(driver: Any, name: str) -> None:
     if os.environ.get("CHOREOGRAPHY_SCREENSHOTS") == "1":
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -112,6 +124,11 @@ def test_the_jobs_page_shows_progress_advancing_while_a_job_runs(browser, consol
     until(browser, shows("2/4"), "progress advancing to 2 of 4 without a reload")
     assert browser.execute_script("return window.notReloaded === true;")
     screenshot(browser, "console-jobs.png")
+    click(browser, By.LINK_TEXT, "id")  # the server sorts by id, ascending first
+    until(browser, lambda d: "sort=id&dir=asc" in d.current_url, "the page sorted by id")
+    until(browser, listed(job_id, "rebuild-index-finished"), "the jobs sorted by id")
+    click(browser, By.LINK_TEXT, "id")  # and the other way
+    until(browser, listed("rebuild-index-finished", job_id), "the jobs by id descending")
 
     click(browser, By.LINK_TEXT, job_id)
     until(browser, shows(f"Job {job_id}"), "the job's page")

@@ -9,7 +9,7 @@ import itertools
 import re
 from datetime import UTC, datetime, timedelta
 
-from choreography_ray.console import pages, step_pages
+from choreography_ray.console import job_list, pages, step_pages
 from choreography_ray.console.pace import pace, pace_text
 from choreography_ray.console.reader import JobFilter, Page, StepListing
 from choreography_ray.jobs.history import PROGRESS_EVERY, PROGRESS_POINTS, noted
@@ -26,7 +26,7 @@ from choreography_ray.jobs.state import (
     StepLease,
 )
 from choreography_ray.jobs.status import JobStatus, JobStepStatus
-from choreography_ray.storage import StepOrder, StepQuery
+from choreography_ray.storage import JobOrder, StepOrder, StepQuery
 from choreography_ray.storage.protocols import StepCounts
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -189,13 +189,20 @@ def test_the_jobs_page_keeps_its_search_range_and_order_in_its_links():
         id_prefix="3f2a",
         created_after=NOW - timedelta(days=1),
         created_before=NOW,
-        oldest_first=True,
+        changed_after=NOW - timedelta(hours=2),
+        sort=JobOrder.CHANGED,
+        descending=False,
     )
-    page = pages.jobs_page(wanted, Page([job()], 60, 0, 50), NOW)
-    assert "id=3f2a" in page and "from=2026-04-30T12%3A00" in page and "order=oldest" in page
-    assert "▴ oldest first" in page and 'rel="next"' in page
-    form = pages.jobs_filters(wanted)
+    page = job_list.jobs_page(wanted, Page([job()], 60, 0, 50), NOW)
+    assert "id=3f2a" in page and "from=2026-04-30T12%3A00" in page
+    assert "changed_from=2026-05-01T10%3A00" in page
+    next_page = re.search(r'<a rel="next" href="([^"]+)"', page)
+    assert next_page and "sort=changed&amp;dir=asc&amp;page=1" in next_page.group(1)
+    assert '<th aria-sort="ascending">' in page and "newer →" in page
+    form = job_list.jobs_filters(wanted)
     assert 'name="id" value="3f2a"' in form and 'value="2026-04-30T12:00"' in form
+    assert 'name="changed_from" type="datetime-local" value="2026-05-01T10:00"' in form
+    assert 'name="sort" value="changed"' in form and 'name="dir" value="asc"' in form
 
 
 def test_the_cluster_page_shows_cpu_memory_labels_rates_and_dashboard_links():

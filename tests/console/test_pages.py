@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from choreography_ray.console import pages
+from choreography_ray.console import job_list, pages
 from choreography_ray.jobs.state import JobOwner, JobProgress, JobStageProgress, JobState
 from choreography_ray.jobs.status import JobStatus, JobStepStatus
 from choreography_ray.storage.protocols import StepCounts
@@ -117,7 +117,7 @@ def test_a_quarantined_job_says_why_and_that_resume_takes_it_out():
     assert "&lt;b&gt;boom&lt;/b&gt;; Resume takes it out of quarantine" in page  # escaped
     assert "recovers it" not in page  # the sweep leaves it alone, whatever its lease
     assert '<span class="badge j-running">RUNNING</span>' in render(job())
-    listed = pages.jobs_page(JobFilter(), Page([poisoned, job(id="j2")], 2, 0, 50), NOW)
+    listed = job_list.jobs_page(JobFilter(), Page([poisoned, job(id="j2")], 2, 0, 50), NOW)
     badge = '<td class="status"><span class="badge j-running">RUNNING{}</span></td>'
     assert badge.format(" (quarantined)") in listed
     assert badge.format("") in listed

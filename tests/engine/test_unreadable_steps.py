@@ -31,7 +31,10 @@ KEYS = [f"k{i}" for i in range(12)]
 
 def _rows(path: Path) -> list[tuple]:
     with sqlite3.connect(path) as db:
-        jobs = db.execute("SELECT * FROM choreography_jobs ORDER BY id").fetchall()
+        jobs = db.execute(  # the record last, whatever columns later releases add
+            "SELECT scope, namespace, id, type, status, created, stop_finalized, changed, "
+            "version, state FROM choreography_jobs ORDER BY id"
+        ).fetchall()
         steps = db.execute(
             "SELECT * FROM choreography_job_steps ORDER BY job_id, step_id"
         ).fetchall()

@@ -277,6 +277,7 @@ EXPECTED_INDEXES = {
         "type_status_created",
         "status_stopFinalized",
         "created",
+        "changed",
     },
     "job-steps": {
         "jobId_status",

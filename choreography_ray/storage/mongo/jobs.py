@@ -7,13 +7,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bson.int64 import Int64
-from pymongo import ASCENDING
+from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from ...jobs.errors import VersionConflictError
 from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
 from ..codec import JobLookup, check_id, check_job_key
+from ..job_order import JobOrder
 from ..protocols import JobQuery
 from ..step_query import PREFIX_END
 from .documents import raw_record, storable, stored_version
@@ -27,6 +28,18 @@ def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> dict[str, Any]:
         "status": {"$in": sorted({int(s) for s in statuses})},
         "$nor": [{"status": int(JobStatus.STOPPED), "stopFinalized": True}],
     }
+
+
+def _ordering(query: JobQuery) -> list[tuple[str, int]]:
+    """The query's order as sort keys, each descending when the query is."""
+    fields = {
+        JobOrder.CREATED: ["created", "_id"],
+        JobOrder.CHANGED: ["changed", "_id"],
+        JobOrder.ID: ["_id"],
+        JobOrder.STATUS: ["status", "created", "_id"],
+    }[query.order]
+    direction = DESCENDING if query.descending else ASCENDING
+    return [(name, direction) for name in fields]
 
 
 class MongoJobStorage(JobLookup, MongoRecords):
@@ -51,6 +64,7 @@ class MongoJobStorage(JobLookup, MongoRecords):
             "status": int(state.status),
             "created": Int64(to_micros(state.created)),
             "stopFinalized": state.stop_finalized,
+            "changed": Int64(to_micros(state.last_change)),
             "version": Int64(expected + 1),
             "writeToken": token,
             "state": storable(self._codec.job_document(state)),
@@ -110,6 +124,13 @@ class MongoJobStorage(JobLookup, MongoRecords):
             created["$gte"] = Int64(to_micros(query.created_after))
         if created:
             filter["created"] = created
+        changed: dict[str, Int64] = {}
+        if query.changed_before is not None:
+            changed["$lt"] = Int64(to_micros(query.changed_before))
+        if query.changed_after is not None:
+            changed["$gte"] = Int64(to_micros(query.changed_after))
+        if changed:
+            filter["changed"] = changed
         if query.id_prefix:
             filter["_id"] = {"$gte": query.id_prefix, "$lt": query.id_prefix + PREFIX_END}
         return filter
@@ -129,7 +150,7 @@ class MongoJobStorage(JobLookup, MongoRecords):
 
         def read() -> list[JobState]:
             cursor = self._p.jobs.find(filter, {"state": 1, "version": 1})
-            cursor = cursor.sort([("created", ASCENDING), ("_id", ASCENDING)])
+            cursor = cursor.sort(_ordering(query))
             if query.skip:
                 cursor = cursor.skip(query.skip)
             if query.take > 0:

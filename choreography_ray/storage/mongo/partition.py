@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from bson.int64 import Int64
 from pymongo import ASCENDING, DESCENDING, InsertOne, ReplaceOne
 from pymongo.collection import Collection
 from pymongo.database import Database
@@ -14,6 +15,8 @@ from pymongo.errors import BulkWriteError, OperationFailure
 
 from ...jobs.state import JobKey
 from ..codec import RecordCodec
+from ..job_order import stored_change
+from .documents import raw_record
 
 log = logging.getLogger("choreography_ray.storage")
 
@@ -47,6 +50,7 @@ _INDEXES: dict[str, list[tuple[str, list[tuple[str, int]]]]] = {
         ),
         ("status_stopFinalized", [("status", ASCENDING), ("stopFinalized", ASCENDING)]),
         ("created", [("created", ASCENDING), ("_id", ASCENDING)]),
+        ("changed", [("changed", ASCENDING), ("_id", ASCENDING)]),
     ],
     STEPS: [
         ("jobId_status", [("jobId", ASCENDING), ("status", ASCENDING)]),
@@ -141,7 +145,20 @@ class MongoPartition:
                             index_name,
                             error,
                         )
+            self._backfill_changed()
             self._ready = True
+
+    def _backfill_changed(self) -> None:
+        """Give the jobs of earlier releases their last change, from their status history;
+        a write racing this one keeps what it wrote (the update asks for no field)."""
+        lacking = {"changed": {"$exists": False}}
+        for document in self.jobs.find(lacking, {"created": 1, "state": 1}):
+            created = document.get("created")
+            created_us = int(created) if isinstance(created, int) else 0
+            changed = stored_change(raw_record(document.get("state")), created_us)
+            self.jobs.update_one(
+                {"_id": document["_id"], **lacking}, {"$set": {"changed": Int64(changed)}}
+            )
 
 
 class PartitionCalls(Protocol):

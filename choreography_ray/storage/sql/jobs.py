@@ -12,6 +12,7 @@ from ...jobs.errors import VersionConflictError
 from ...jobs.state import JobState, to_micros
 from ...jobs.status import TERMINAL_JOB_STATUSES, JobStatus
 from ..codec import JobLookup, check_id, check_job_key
+from ..job_order import JobOrder
 from ..protocols import JobQuery
 from ..step_query import PREFIX_END
 from .base import SqlRecords, scalar
@@ -32,6 +33,19 @@ def excluding_finalized_stops(statuses: Iterable[JobStatus]) -> ColumnElement[bo
         jobs_table.c.status.in_(wanted),
         not_(and_(jobs_table.c.status == int(JobStatus.STOPPED), jobs_table.c.stop_finalized)),
     )
+
+
+def _ordering(query: JobQuery) -> list[ColumnElement[Any]]:
+    """The query's order as columns, each descending when the query is."""
+    c = jobs_table.c
+    orders: dict[JobOrder, list[ColumnElement[Any]]] = {
+        JobOrder.CREATED: [c.created, c.id],
+        JobOrder.CHANGED: [c.changed, c.id],
+        JobOrder.ID: [c.id],
+        JobOrder.STATUS: [c.status, c.created, c.id],
+    }
+    columns = orders[query.order]
+    return [column.desc() for column in columns] if query.descending else columns
 
 
 class SqlJobStorage(JobLookup, SqlRecords):
@@ -63,6 +77,7 @@ class SqlJobStorage(JobLookup, SqlRecords):
             int(state.status),
             to_micros(state.created),
             state.stop_finalized,
+            to_micros(state.last_change),
         )
         with self.provider.autocommit() as connection:
             if expected == 0:
@@ -120,6 +135,10 @@ class SqlJobStorage(JobLookup, SqlRecords):
             conditions.append(jobs_table.c.created < to_micros(query.created_before))
         if query.created_after is not None:
             conditions.append(jobs_table.c.created >= to_micros(query.created_after))
+        if query.changed_before is not None:
+            conditions.append(jobs_table.c.changed < to_micros(query.changed_before))
+        if query.changed_after is not None:
+            conditions.append(jobs_table.c.changed >= to_micros(query.changed_after))
         if query.id_prefix:
             conditions.append(jobs_table.c.id >= query.id_prefix)
             conditions.append(jobs_table.c.id < query.id_prefix + PREFIX_END)
@@ -130,7 +149,7 @@ class SqlJobStorage(JobLookup, SqlRecords):
         statement = (
             select(jobs_table.c.id, jobs_table.c.version, jobs_table.c.state)
             .where(self._matching(query))
-            .order_by(jobs_table.c.created, jobs_table.c.id)
+            .order_by(*_ordering(query))
         )
         if query.skip:
             statement = statement.offset(query.skip)

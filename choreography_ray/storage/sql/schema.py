@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 VERSION_TABLE = "choreography_alembic_version"
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 """The newest migration of this release (a test keeps it equal to Alembic's head)."""
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -42,6 +42,7 @@ INDEXES: dict[str, dict[str, list[str]]] = {
         "ix_choreography_jobs_type": ["scope", "namespace", "type"],
         "ix_choreography_jobs_stop": ["scope", "namespace", "status", "stop_finalized"],
         "ix_choreography_jobs_created": ["scope", "namespace", "created"],
+        "ix_choreography_jobs_changed": ["scope", "namespace", "changed", "id"],
     },
     "choreography_job_steps": {
         "ix_choreography_job_steps_job_status": ["scope", "namespace", "job_id", "status"],
@@ -77,6 +78,7 @@ jobs_table = Table(
     Column("stop_finalized", Boolean(), nullable=False),
     Column("version", BigInteger(), nullable=False),
     Column("state", Text(), nullable=False),
+    Column("changed", BigInteger(), nullable=False, server_default="0"),
     PrimaryKeyConstraint("scope", "namespace", "id", name="pk_choreography_jobs"),
     *_indexes("choreography_jobs"),
 )
@@ -128,12 +130,12 @@ class Statements:
         steps = "choreography_job_steps"
         self.insert_job = (
             f"INSERT INTO {jobs} (scope, namespace, id, type, status, created, stop_finalized, "
-            f"version, state) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
+            f"changed, version, state) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 1, {p}) "
             "ON CONFLICT DO NOTHING"
         )
         self.update_job = (
             f"UPDATE {jobs} SET type = {p}, status = {p}, created = {p}, stop_finalized = {p}, "
-            f"version = {p}, state = {p} "
+            f"changed = {p}, version = {p}, state = {p} "
             f"WHERE scope = {p} AND namespace = {p} AND id = {p} AND version = {p}"
         )
         # SQLite rewrites the index entries of every column a statement sets, changed or not;
@@ -141,7 +143,8 @@ class Statements:
         self.update_job_record = (
             f"UPDATE {jobs} SET version = {p}, state = {p} "
             f"WHERE scope = {p} AND namespace = {p} AND id = {p} AND version = {p} "
-            f"AND type = {p} AND status = {p} AND created = {p} AND stop_finalized = {p}"
+            f"AND type = {p} AND status = {p} AND created = {p} AND stop_finalized = {p} "
+            f"AND changed = {p}"
         )
         self.job_version = (
             f"SELECT version FROM {jobs} WHERE scope = {p} AND namespace = {p} AND id = {p}"
