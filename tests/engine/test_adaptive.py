@@ -173,3 +173,141 @@ def test_a_named_error_type_or_a_slow_outcome_counts_as_throttled():
 def test_a_wrong_policy_is_refused(arguments, message):
     with pytest.raises(TypeRegistryError, match=message):
         AdaptiveConcurrency(**arguments)
+
+
+# -- a window per adaptive step class -------------------------------------------------------------
+
+FIXED = 12
+"""The mixed jobs' fixed window: what their steps that do not adapt may run at once."""
+LATE = 60
+"""Calls from this one on come once the partner's window has shrunk."""
+
+
+class Mixed:
+    """What each class of steps saw: calls at once, their peak, throttled calls."""
+
+    in_flight: ClassVar[dict[str, int]] = {}
+    peak: ClassVar[dict[str, int]] = {}
+    throttled: ClassVar[dict[str, int]] = {}
+    capacity: ClassVar[dict[str, int]] = {}
+    release: ClassVar[asyncio.Event | None] = None
+    """While set to an unset event, local steps wait for it (the job stays unfinished)."""
+
+    @classmethod
+    def reset(cls, **capacity: int) -> None:
+        cls.in_flight, cls.peak, cls.throttled = {}, {}, {}
+        cls.capacity = capacity
+        cls.release = None
+
+    @classmethod
+    async def call(cls, name: str, n: int, turns: int = 5) -> None:
+        now = cls.in_flight[name] = cls.in_flight.get(name, 0) + 1
+        cls.peak[name] = max(cls.peak.get(name, 0), now)
+        if n >= LATE:  # the partner's window has found its level by then
+            cls.peak[f"{name} late"] = max(cls.peak.get(f"{name} late", 0), now)
+        try:
+            if now > cls.capacity.get(name, 10**6):
+                cls.throttled[name] = cls.throttled.get(name, 0) + 1
+                raise StepFailed("slow down", throttled=True)
+            for _ in range(turns):  # the call takes a while: others begin meanwhile
+                await asyncio.sleep(0)
+            if name == "local" and cls.release is not None:
+                await cls.release.wait()
+        finally:
+            cls.in_flight[name] -= 1
+
+
+_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=10), backoff_coefficient=1.0, maximum_attempts=200
+)
+
+
+class PartnerApi(JobStep[Call, Call, int], name="scenario.adaptive-partner-api"):
+    adaptive = AdaptiveConcurrency(limit=32)
+    retry_policy = _RETRY
+
+    def initialize_state(self, request: Call) -> Call:
+        return request
+
+    async def perform(self, state: Call, ctx: StepContext) -> int:
+        await Mixed.call("partner", state.n)
+        return state.n
+
+
+class OtherApi(PartnerApi, name="scenario.adaptive-other-api"):
+    adaptive = AdaptiveConcurrency(limit=16, floor=2)
+
+    async def perform(self, state: Call, ctx: StepContext) -> int:
+        await Mixed.call("other", state.n)
+        return state.n
+
+
+class LocalWork(PartnerApi, name="scenario.adaptive-local"):
+    adaptive = None
+
+    async def perform(self, state: Call, ctx: StepContext) -> int:
+        await Mixed.call("local", state.n, turns=20)
+        return state.n
+
+
+class MixedJob(Job[Calls], name="scenario.adaptive-mixed"):
+    """Partner calls interleaved with `classes`' steps; the partner's class comes first (the
+    one window of earlier versions was the first step type's)."""
+
+    keep_after_completed = True
+    max_active_steps = FIXED
+    classes: ClassVar[tuple[type[JobStep[Any, Any, Any]], ...]] = (LocalWork,)
+
+    def prepare_steps(self, request: Calls) -> list[Any]:
+        steps = []
+        for n in range(request.count):
+            steps.append(self.create_step(PartnerApi, Call(n=n)))
+            steps.extend(self.create_step(step, Call(n=n)) for step in self.classes)
+        return steps
+
+
+class TwoApisJob(MixedJob, name="scenario.adaptive-two-apis"):
+    classes = (OtherApi,)
+
+
+async def _finish(cluster: InProcessCluster, job_id: str) -> Any:
+    for _ in range(400):
+        state = await cluster.manager().get(job_id)
+        if state.is_finished:
+            return state
+        await cluster.advance(0.05)
+    raise AssertionError("the job did not finish")
+
+
+def _run_mixed(run: Any, job: type[MixedJob], count: int) -> Any:
+    async def scenario():
+        async with InProcessCluster(max_parallel_steps=128) as cluster:
+            return await _finish(cluster, (await cluster.start(job, Calls(count=count))).job_id)
+
+    return run(scenario())
+
+
+def test_a_throttled_class_does_not_shrink_the_steps_that_do_not_adapt(run):
+    Mixed.reset(partner=2)
+    state = _run_mixed(run, MixedJob, 120)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 240
+    # The local steps ran at the job's full fixed window, beside a partner window of ~2
+    # (with one window for the job they run at the partner's).
+    assert Mixed.peak["local late"] == FIXED
+    assert Mixed.peak["partner late"] <= 4
+    partner = state.adaptive_windows[PartnerApi.name]
+    assert partner.window <= 4 and partner.throttled == Mixed.throttled["partner"] > 0
+    assert set(state.adaptive_windows) == {PartnerApi.name}
+
+
+def test_two_adaptive_classes_keep_independent_windows(run):
+    Mixed.reset(partner=2)  # the other API never throttles
+    state = _run_mixed(run, TwoApisJob, 120)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    windows = state.adaptive_windows
+    partner, other = windows[PartnerApi.name], windows[OtherApi.name]
+    assert Mixed.peak["other late"] == 16  # its own limit, not the partner's window nor FIXED
+    assert (other.window, other.limit, other.throttled) == (16, 16, 0)
+    assert partner.window <= 4 and partner.throttled > 0
+    assert state.adaptive_window == partner  # what hosts of earlier versions read
