@@ -10,7 +10,8 @@ halving (they were sent under the larger window); each window's worth of success
 by one; it stays between the floor and the limit. It is stored with the job's progress
 (`JobState.adaptive_windows`, by step type), so `jobs show` reads it live and a new
 activation goes on from it; a record of an earlier version, with its one window
-(`adaptive_window`, the first step type's), goes on as that type's window.
+(`adaptive_window`), goes on as its first adaptive step type's window, and that window is
+still written there for hosts of earlier versions.
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ def adaptive_windows(core: ActivationCore) -> ClassWindows | None:
         if not isinstance(policy, AdaptiveConcurrency):
             continue
         stored = state.adaptive_windows.get(step_type)
-        if stored is None and step_type == types.default:
-            stored = state.adaptive_window  # a record of an earlier version: its one window
+        if stored is None and not state.adaptive_windows and not windows:
+            # A record of an earlier version: its one window was its first adaptive type's
+            # (the first type, when it adapted; steps read back may come in another order).
+            stored = state.adaptive_window
         windows[step_type] = AdaptiveWindow(policy, stored)
     if not windows:
         return None
@@ -158,6 +161,4 @@ def apply(core: ActivationCore, windows: ClassWindows) -> None:
     if not windows.gated:
         core.window = next(iter(windows.windows.values())).window
     state.adaptive_windows = windows.state()
-    first = state.adaptive_windows.get(core.ledger.types.default)
-    if first is not None:  # what hosts of earlier versions read
-        state.adaptive_window = first
+    state.adaptive_window = next(iter(state.adaptive_windows.values()))  # for earlier versions

@@ -311,3 +311,54 @@ def test_two_adaptive_classes_keep_independent_windows(run):
     assert (other.window, other.limit, other.throttled) == (16, 16, 0)
     assert partner.window <= 4 and partner.throttled > 0
     assert state.adaptive_window == partner  # what hosts of earlier versions read
+
+
+def test_a_record_of_the_single_window_shape_loads():
+    """A record an earlier version wrote has `adaptive_window` and no `adaptive_windows`."""
+    from choreography_ray.jobs.adaptive import window_lines, windows
+    from choreography_ray.jobs.state import JobState
+
+    old = JobState.model_validate_json(
+        '{"id": "j", "type": "t", "created": "2026-01-01T00:00:00Z",'
+        ' "adaptive_window": {"window": 3, "limit": 32, "throttled": 5}}'
+    )
+    assert old.adaptive_windows == {}
+    assert windows(old)[""].window == 3
+    assert window_lines(old) == ["adaptive: window 3/32, throttled 5 times"]
+
+
+@pytest.mark.parametrize("old_shape", [False, True], ids=["windows", "old single window"])
+def test_a_recovered_job_goes_on_from_its_stored_windows(run, old_shape):
+    """Every partner call is throttled: its window falls to 1; the host is lost while local
+    steps block. Recovered, the partner's window starts at 1 again, not at its limit, and its
+    throttled count goes on (also from a record of the old single-window shape)."""
+    Mixed.reset(partner=0)
+    Mixed.release = asyncio.Event()
+
+    async def scenario():
+        cluster = InProcessCluster(max_parallel_steps=128)
+        async with cluster:
+            job_id = (await cluster.start(MixedJob, Calls(count=40))).job_id
+            for _ in range(10):
+                await cluster.advance(0.05)
+            await cluster.crash()
+            jobs = cluster.storage().jobs
+            before = await jobs.get(job_id)
+            if old_shape:  # as an earlier version wrote it
+                before.adaptive_window = before.adaptive_windows[PartnerApi.name]
+                before.adaptive_windows = {}
+                await jobs.save(before)
+            Mixed.capacity["partner"] = 10**6
+            Mixed.peak = {}
+            assert Mixed.release is not None
+            Mixed.release.set()
+            await (await cluster.manager().rehydrate())
+            return before, await _finish(cluster, job_id)
+
+    before, after = run(scenario())
+    stored = before.adaptive_window if old_shape else before.adaptive_windows[PartnerApi.name]
+    assert stored is not None and stored.window == 1 and stored.throttled > 0
+    assert after.status == JobStatus.COMPLETED_SUCCESSFULLY
+    # From a window of 1, growing by one per window of successes: 40 calls reach about 8.
+    assert Mixed.peak["partner"] <= 10
+    assert after.adaptive_windows[PartnerApi.name].throttled == stored.throttled
