@@ -67,7 +67,7 @@ class AdaptiveConcurrency:
 
 def windows(job: JobState) -> dict[str, WindowState]:
     """A job's adaptive windows by step type. A record of an earlier version holds one window
-    only (`adaptive_window`, its first step type's), shown under no name ("")."""
+    only (`adaptive_window`, its first adaptive step type's), shown under no name ("")."""
     if job.adaptive_windows or job.adaptive_window is None:
         return job.adaptive_windows
     return {"": job.adaptive_window}
