@@ -362,3 +362,29 @@ def test_a_recovered_job_goes_on_from_its_stored_windows(run, old_shape):
     # From a window of 1, growing by one per window of successes: 40 calls reach about 8.
     assert Mixed.peak["partner"] <= 10
     assert after.adaptive_windows[PartnerApi.name].throttled == stored.throttled
+
+
+def test_steps_held_by_a_full_class_are_stopped_with_the_job_and_run_on_resume(run):
+    """Partner calls throttle at first: most wait held behind its window of 1 when the job is
+    stopped. The stop reaches them too, and a resume runs every step, counted once."""
+    Mixed.reset(partner=0)
+    Mixed.release = asyncio.Event()
+
+    async def scenario():
+        async with InProcessCluster(max_parallel_steps=128) as cluster:
+            job_id = (await cluster.start(MixedJob, Calls(count=40))).job_id
+            for _ in range(5):
+                await cluster.advance(0.05)
+            await cluster.manager().stop(job_id)
+            await cluster.advance(1)
+            stopped = await cluster.manager().get(job_id)
+            Mixed.capacity["partner"] = 10**6
+            assert Mixed.release is not None
+            Mixed.release.set()
+            await cluster.manager().resume(job_id)
+            return stopped, await _finish(cluster, job_id)
+
+    stopped, finished = run(scenario())
+    assert stopped.status == JobStatus.STOPPED and stopped.stop_finalized
+    assert finished.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert finished.progress.successful_steps == 80
