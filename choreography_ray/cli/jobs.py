@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
+from ..jobs.adaptive import window_lines
 from ..jobs.errors import DrainJobResult
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE
 from ..jobs.status import JobStatus
@@ -179,8 +180,8 @@ def jobs_show(
     p = job.progress
     console.print(Text.assemble((job.id, "bold"), f"  {job.type}  {job.status.name}"))
     console.print(f"priority: {job.priority}")
-    if job.adaptive_window is not None:
-        console.print(f"adaptive: {job.adaptive_window.text()}")
+    for line in window_lines(job):
+        console.print(line)
     if job.details:
         console.print(job.details)
     for line in quarantine_lines(job):

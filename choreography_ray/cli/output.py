@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from ..console.reader import change_event, key_wait, status_text, waiting_for_worker
+from ..jobs.adaptive import windows
 from ..jobs.state import DEFAULT_NAMESPACE, DEFAULT_SCOPE, JobState, JobStepState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -82,6 +83,9 @@ def job_json(job: JobState) -> dict[str, Any]:
         "adaptive_window": None
         if job.adaptive_window is None
         else job.adaptive_window.model_dump(mode="json"),
+        "adaptive_windows": {
+            name: window.model_dump(mode="json") for name, window in windows(job).items()
+        },
         "quarantine": _quarantine(job),
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+from ..jobs.adaptive import window_lines
 from ..jobs.state import JobKey, JobStageProgress, JobState
 from ..jobs.status import JobStatus
 from ..storage.protocols import StepCounts
@@ -202,7 +203,7 @@ def job_page(
             ("type", e(job.type)),
             ("partition", e(job.key)),
             ("priority", str(job.priority)),
-            ("adaptive window", e(job.adaptive_window.text()) if job.adaptive_window else "—"),
+            ("adaptive windows", "<br>".join(e(line) for line in window_lines(job)) or "—"),
             ("progress", bar(p.done_steps, p.total_steps, p.failed_steps + p.unreachable_steps)),
             ("pace", e(pace_text(job, now)) if not ended else '<span class="muted">—</span>'),
             ("over time", chart(job, now)),

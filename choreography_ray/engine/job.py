@@ -394,7 +394,7 @@ class JobActivation:
         handle = self._outcomes.handle
         stages = self._stages
         failed = None
-        if stages.adaptive is not None:  # only a job whose steps adapt its window
+        if stages.adaptive is not None:  # only a job with steps that adapt their windows
             adaptive.observe(self._core, stages.adaptive, batch)
         try:
             for report in batch:

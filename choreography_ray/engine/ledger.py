@@ -62,13 +62,14 @@ class StepLedger:
         self._types = StepTypes()
         self._tracked: dict[str, Tracked] = {}
         self._waiting: deque[tuple[str, int]] = deque()
+        self._held: dict[str, deque[tuple[str, int]]] = {}
+        """Waiting steps a class's window held back (`start`'s gate), by type, in order."""
         self._counted = Counted(self._stage_of)
         self._stops = CountedStops()
         self._next_attempt: dict[str, int] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._sticky: dict[str, str] = {}
-        """Steps whose next start goes back to a host (where their last run was found), so a
-        run is never doubled elsewhere."""
+        """Steps whose next start goes back to the host their run was found on (never doubled)."""
         self._urgent: set[str] = set()
         """Steps sent again after their run was lost: their next start is urgent."""
         self._losses: list[str] = []
@@ -79,8 +80,7 @@ class StepLedger:
         carries its record, which the worker then need not read back (at most `FRESH_LIMIT`;
         forgotten when the ledger is recounted from storage)."""
         self._due: dict[str, tuple[int, datetime | None]] = {}
-        """Failed attempts a recount found decided for a retry: the next attempt and when it
-        is due, until the resume schedules them (`take_due`)."""
+        """Failed attempts a recount decided to retry: next attempt and when due (`take_due`)."""
         self._current: int | None = None
         self._loaded = False
 
@@ -122,7 +122,7 @@ class StepLedger:
     @property
     def queued(self) -> int:
         """Steps waiting to be sent."""
-        return len(self._waiting)
+        return len(self._waiting) + sum(map(len, self._held.values()))
 
     @property
     def outstanding(self) -> int:
@@ -132,13 +132,17 @@ class StepLedger:
     @property
     def has_work(self) -> bool:
         """Steps are tracked, waiting to be sent or waiting out a backoff in this activation."""
-        return bool(self._tracked or self._waiting or self._retries)
+        return bool(self._tracked or self._retries or self.queued)
 
     def room(self, window: int | None) -> int:
         """How many more starts the job's window allows (every waiting one without a window)."""
         if window is None:
             return len(self._waiting)
         return max(0, window - len(self._tracked) - len(self._retries))
+
+    def active(self) -> list[str]:
+        """The steps started or waiting out a retry's backoff: what a window holds."""
+        return [*self._tracked, *self._retries]
 
     def hosts_in_use(self) -> set[str]:
         """The worker hosts that took a tracked start."""
@@ -164,8 +168,7 @@ class StepLedger:
     # -- the plan and the stages ----------------------------------------------------------------
 
     def index(self, steps: Iterable[tuple[str, int, str, str]]) -> None:
-        """Know the job's steps as (id, stage, name, type), from its plan or from step
-        storage."""
+        """Know the job's steps as (id, stage, name, type), from its plan or from storage."""
         self._stage_steps = stage_steps = dict[int, list[str]]()
         self._types = types = StepTypes()
         others = types.others
@@ -199,8 +202,7 @@ class StepLedger:
         return None
 
     def open(self, stage: int) -> None:
-        """Move the cursor to `stage` and queue its steps that are neither counted, tracked
-        nor waiting out a retry's backoff."""
+        """Move the cursor to `stage`; queue its steps not counted, tracked nor retrying."""
         self._current = stage
         counted, tracked, retries = self._counted, self._tracked, self._retries
         self._waiting.extend(
@@ -251,16 +253,26 @@ class StepLedger:
         return len(again)
 
     def start(
-        self, room: int, generation: int, now: datetime
+        self, room: int, generation: int, now: datetime, gate: Callable[[str], bool] | None = None
     ) -> tuple[list[StepStart], dict[str, str]]:
         """Take up to `room` waiting steps and track them as started in `generation`: their
-        starts, and the hosts some of them go back to."""
+        starts, and the hosts some go back to. A step of a type `gate` refuses (its class's
+        window is full) is held, in order, and goes first once its class has room."""
         chosen: list[StepStart] = []
         waiting, counted, tracked = self._waiting, self._counted, self._tracked
         fresh, urgent, stage_of = self._fresh, self._urgent, self._stage_of
+        held, types, admitted = self._held, self._types, list[tuple[str, int]]()
+        for step_type, steps in held.items() if gate else ():
+            while steps and len(admitted) < room and gate(step_type):  # type: ignore[misc]
+                admitted.append(steps.popleft())
+        waiting.extendleft(reversed(admitted))  # ahead of the others, in their order
+        passed = {step_id for step_id, _ in admitted}
         while waiting and len(chosen) < room:
             step_id, attempt = waiting.popleft()
             if step_id in counted or step_id in tracked:
+                continue
+            if gate and step_id not in passed and not gate(step_type := types.of(step_id)):
+                held.setdefault(step_type, deque()).append((step_id, attempt))
                 continue
             again = bool(urgent) and step_id in urgent
             if again:
@@ -285,8 +297,7 @@ class StepLedger:
                     entry.host = host
 
     def runs_on(self, step_id: str, host: str) -> None:
-        """The step's live run is on `host` (another host than the one asked): it reports
-        from there."""
+        """The step's live run is on `host` (not the one asked): it reports from there."""
         entry = self._tracked.get(step_id)
         if entry is not None:
             entry.host = host
@@ -313,8 +324,7 @@ class StepLedger:
         self._counted.add(step_id)
 
     def count_stop(self, state: JobState, step_id: str) -> bool:
-        """List the step's stop in the job's record, once per execution; False when it was
-        listed already."""
+        """List the step's stop in the job's record, once per execution; False if listed."""
         return self._stops.add(state, step_id)
 
     def take_back_stop(self, state: JobState, step_id: str) -> bool:
@@ -359,8 +369,10 @@ class StepLedger:
         cancelled and the queue emptied, so nothing more is sent."""
         steps = set(self._tracked) | set(self._retries)
         steps.update(step_id for step_id, _ in self._waiting)
+        steps.update(step_id for held in self._held.values() for step_id, _ in held)
         self.cancel_retries()
         self._waiting.clear()
+        self._held.clear()
         self._due.clear()
         return steps
 
@@ -377,8 +389,7 @@ class StepLedger:
         return self._forget_on(gone)
 
     def lose_again(self, since: int) -> list[tuple[str, int]]:
-        """Apply the losses recorded after the first `since` again, to answers that came back
-        after them."""
+        """Apply the losses after the first `since` again, to answers that came after them."""
         return self._forget_on(set(self._losses[since:]))
 
     def _forget_on(self, gone: set[str]) -> list[tuple[str, int]]:
@@ -405,6 +416,7 @@ class StepLedger:
         self._counted.clear()
         self._tracked.clear()
         self._waiting.clear()
+        self._held.clear()
         self._sticky.clear()
         self._urgent.clear()
         self._fresh.clear()

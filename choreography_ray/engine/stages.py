@@ -11,9 +11,10 @@ from ..jobs.errors import NoEligibleJobWorker
 from ..jobs.job import JobStageFailureBehavior
 from ..jobs.state import StatusChange, StepError, WorkerWait
 from ..jobs.status import JobStatus, JobStepStatus
+from . import adaptive
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
-from .adaptive import AdaptiveWindow, adaptive_window
+from .adaptive import ClassWindows
 from .key_gate import KeyGate
 from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
@@ -33,9 +34,11 @@ class Stages:
         self.watchdog = Watchdog(core, self, outcomes)
         self.key = KeyGate(core, self._move_on)
         """Admission under the job's concurrency key, before anything is dispatched."""
-        self.adaptive: AdaptiveWindow | None = None
-        """The job's adaptive window, when its steps' class adapts it."""
+        self.adaptive: ClassWindows | None = None
+        """The job's adaptive windows, when a class of its steps adapts one."""
         self._adaptive_checked = False
+        self._sent = 0
+        """Steps the last dispatch started: none while every waiting one's class is full."""
         self.undelivered: set[str] = set()
         """Steps whose start no worker took, to be sent again: while there are any, a job
         that waits for a worker goes on waiting, whatever other steps a worker took."""
@@ -107,9 +110,10 @@ class Stages:
         while record.state.status == JobStatus.RUNNING and not record.released:
             if not await record.still_owned():
                 return failed  # another host claimed the job: this activation let it go
-            if ledger.queued and ledger.room(self.core.window):
+            if ledger.queued and self._room():
                 failed += await self._dispatch_waiting(dispatch_failures_fail)
-                continue
+                if self._sent:
+                    continue
             stage = ledger.current
             if stage is not None and not ledger.stage_done(stage):
                 return failed  # outcomes still to come
@@ -193,16 +197,11 @@ class Stages:
     async def _dispatch_waiting(self, failures_fail: bool) -> int:
         core = self.core
         ledger = self.ledger
-        if self.adaptive is None and not self._adaptive_checked:
-            self._adaptive_checked = True  # once per activation: its steps' class decides
-            self.adaptive = adaptive_window(core)
-            if self.adaptive is not None:
-                core.window = self.adaptive.window
-        room = min(
-            ledger.room(core.window), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts
-        )
+        room = min(self._room(), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts)
         generation = self.record.state.execution_generation
-        chosen, sticky = ledger.start(room, generation, core.ctx.clock.now())
+        gate = self.adaptive.admits if self.adaptive and self.adaptive.gated else None
+        chosen, sticky = ledger.start(room, generation, core.ctx.clock.now(), gate)
+        self._sent = len(chosen)
         if not chosen:
             return 0
         batches = [chosen[i : i + DISPATCH_BATCH] for i in range(0, len(chosen), DISPATCH_BATCH)]
@@ -251,6 +250,20 @@ class Stages:
             # A host was lost while the answers were on their way: what it took goes again.
             self.send_again(ledger.lose_again(losses))
         return failed
+
+    def _room(self) -> int:
+        """How many more steps may start: the job's window, or with classes of their own
+        windows (`adaptive.ClassWindows`) what their rooms add up to."""
+        ledger = self.ledger
+        if not self._adaptive_checked:
+            self._adaptive_checked = True  # once per activation: its steps' classes decide
+            self.adaptive = adaptive.adaptive_windows(self.core)
+            if self.adaptive is not None:
+                adaptive.apply(self.core, self.adaptive)
+        if self.adaptive is None or not self.adaptive.gated:
+            return ledger.room(self.core.window)
+        room = self.adaptive.room(ledger.types, ledger.active())
+        return ledger.queued if room is None else room
 
     async def locate(self) -> None:
         """Learn where the job's runs are before sending anything (a new activation: the one

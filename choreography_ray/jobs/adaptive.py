@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import TypeRegistryError
 from .retry import error_type_name
+from .state import JobState, WindowState
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,19 @@ class AdaptiveConcurrency:
         return error is not None and (
             bool(error.throttled) or error.error_type in self.throttle_errors
         )
+
+
+def windows(job: JobState) -> dict[str, WindowState]:
+    """A job's adaptive windows by step type. A record of an earlier version holds one window
+    only (`adaptive_window`, its first adaptive step type's), shown under no name ("")."""
+    if job.adaptive_windows or job.adaptive_window is None:
+        return job.adaptive_windows
+    return {"": job.adaptive_window}
+
+
+def window_lines(job: JobState) -> list[str]:
+    """`adaptive partner-api: window 37/256, throttled 12 times`, one line per window."""
+    return [
+        f"adaptive{' ' + name if name else ''}: {window.text()}"
+        for name, window in windows(job).items()
+    ]

@@ -279,8 +279,9 @@ class JobState(_Model):
     """The job's concurrency key (`Job.concurrency`, or the one `start` named)."""
     waiting_for_key: KeyWait | None = None
     """Set while the job waits for its key: as many jobs of its key as its limit run."""
+    adaptive_windows: dict[str, WindowState] = Field(default_factory=dict)
+    """Each adaptive step class's window by type; `adaptive_window`: earlier versions' one."""
     adaptive_window: WindowState | None = None
-    """The job's adaptive window, when its steps adapt it (`JobStep.adaptive`)."""
     rerun_steps: list[str] = Field(default_factory=list)
     """Failed (and unreachable) steps a `retry_failed` runs again, written with the Running
     that begins it and emptied once their records are reset: a recovery in between resets

@@ -103,6 +103,7 @@ def test_the_json_schema_of_a_job_is_stable():
         "concurrency_key",
         "waiting_for_key",
         "adaptive_window",
+        "adaptive_windows",
         "quarantine",
     }
     assert listed["created"] == "2026-05-01T09:00:00Z"

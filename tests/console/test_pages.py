@@ -141,6 +141,28 @@ def test_a_jobs_adaptive_window_is_shown_live():
     assert "window 37/256, throttled 12 times" in render(adapting)
     assert job_json(adapting)["adaptive_window"] == {"window": 37, "limit": 256, "throttled": 12}
     assert job_json(job())["adaptive_window"] is None
+    assert job_json(job())["adaptive_windows"] == {}
+
+
+def test_each_adaptive_step_class_shows_its_own_window():
+    from choreography_ray.cli.output import job_json
+    from choreography_ray.jobs.state import WindowState
+
+    adapting = job(
+        adaptive_windows={
+            "partner-api": WindowState(window=37, limit=256, throttled=12),
+            "geo-api": WindowState(window=8, limit=8),
+        }
+    )
+    page = render(adapting)
+    assert "adaptive partner-api: window 37/256, throttled 12 times" in page
+    assert "adaptive geo-api: window 8/8, throttled 0 times" in page
+    windows = job_json(adapting)["adaptive_windows"]
+    assert windows["partner-api"] == {"window": 37, "limit": 256, "throttled": 12}
+    # A record of an earlier version, with its one window only, is shown under no name.
+    old = job(adaptive_window=WindowState(window=3, limit=32, throttled=5))
+    assert "adaptive: window 3/32, throttled 5 times" in render(old)
+    assert job_json(old)["adaptive_windows"] == {"": {"window": 3, "limit": 32, "throttled": 5}}
 
 
 def test_a_job_waiting_for_its_concurrency_key_says_so():
