@@ -178,7 +178,15 @@ def test_a_key_at_its_limit_holds_across_two_controllers_and_after_one_is_lost(c
         for name in cluster.host_names()
         if name.startswith("choreography:controller:") and not name.endswith(head)
     ]
-    gate = ray.remote(Gate).options(name=GATE, namespace=GATE_NAMESPACE, num_cpus=0).remote()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the head: anywhere else, it may be on the node the test removes (it was, once).
+    on_head = NodeAffinitySchedulingStrategy(head, soft=False)
+    gate = (
+        ray.remote(Gate)
+        .options(name=GATE, namespace=GATE_NAMESPACE, num_cpus=0, scheduling_strategy=on_head)
+        .remote()
+    )
     try:
         tenant = {tag: Tenant(directory=str(tmp_path), tenant="acme", tag=tag) for tag in "abc"}
         first = jobs.start(KeyedJob, tenant["a"])
