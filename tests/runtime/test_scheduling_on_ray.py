@@ -127,8 +127,8 @@ def test_an_adaptive_window_settles_at_what_a_throttling_service_takes(cluster):
         window = state.adaptive_window
         assert window is not None and window.limit == 32
         assert window.window <= 2 * CAPACITY + 1
-        # The window learns from the outcomes reported to it: one whose report was lost and
-        # that was counted from storage instead (a loaded machine: seen 44 of 45) is not in it.
+        # The window learns only from the outcomes reported to it: one counted from storage
+        # instead (its report lost) is not in it. On a loaded machine it was seen 44 of 45.
         assert 0 < window.throttled <= ray.get(service.throttled_calls.remote())
     finally:
         ray.kill(service)
