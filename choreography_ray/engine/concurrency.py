@@ -22,11 +22,11 @@ import asyncio
 
 from pydantic import BaseModel, Field
 
-from ..jobs.errors import VersionConflictError
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus
 from ..storage.protocols import JobsStorage
+from .shared_records import save_shared
 
 KEYS_JOB = "choreography/concurrency-keys"
 """The reserved job id whose step records are the keys' records."""
@@ -91,15 +91,16 @@ async def admit(
             holders = [h for h, state in zip(holders, found, strict=True) if holds(state)]
             if len(holders) >= limit:
                 return False
-        updated = record or JobStepState.prepared(
-            id=key, job_id=KEYS_JOB, type=KEY_RECORD_TYPE, name="", stage=0, state=_payload([])
-        )
-        updated.state = _payload([*holders, job_id])
-        try:
-            await steps.save(updated)
-        except VersionConflictError:
-            continue  # another host admitted or cleaned up meanwhile: read again
-        return True
+        if await save_shared(
+            steps,
+            record,
+            record_id=key,
+            job_id=KEYS_JOB,
+            record_type=KEY_RECORD_TYPE,
+            state=_payload([*holders, job_id]),
+        ):
+            return True
+        # another host admitted or cleaned up meanwhile: read again
     return False
 
 

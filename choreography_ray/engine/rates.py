@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from ..jobs.errors import VersionConflictError
 from ..jobs.rates import RATE_LIMITED, RateLimit
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.state import JobKey, JobStepState
+from ..jobs.state import JobKey
 from ..storage.protocols import JobsStorage
 from .clock import Clock
+from .shared_records import save_shared
 
 if TYPE_CHECKING:
     from .run import StepRun
@@ -82,15 +82,16 @@ async def take(
         if taken <= 0:
             return 0, (1.0 - tokens) / limit.rate
         state = Payload(type=BUCKET_TYPE, data=Bucket(tokens=tokens - taken, at=now).model_dump())
-        updated = record or JobStepState.prepared(
-            id=step_type, job_id=RATES_JOB, type=BUCKET_RECORD_TYPE, name="", stage=0, state=state
-        )
-        updated.state = state
-        try:
-            await steps.save(updated)
-        except VersionConflictError:
-            continue  # another host took tokens meanwhile: read again
-        return taken, 0.0
+        if await save_shared(
+            steps,
+            record,
+            record_id=step_type,
+            job_id=RATES_JOB,
+            record_type=BUCKET_RECORD_TYPE,
+            state=state,
+        ):
+            return taken, 0.0
+        # another host took tokens meanwhile: read again
     return 0, 0.0
 
 

@@ -23,10 +23,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
-from ..jobs.errors import VersionConflictError
 from ..jobs.registry import Payload, TypeKind, TypeRegistry
-from ..jobs.state import MAX_ID_LENGTH, JobStepState
+from ..jobs.state import MAX_ID_LENGTH
 from ..storage.protocols import JobsStorage
+from .shared_records import save_shared
 
 STEP_KEYS_JOB = "choreography/step-keys"
 """The reserved job id whose step records are the keys' places, in the default partition."""
@@ -100,20 +100,16 @@ async def _change(
         if changed is None:
             return answer
         payload = Payload(type=PLACES_TYPE, data=Places(places=changed).model_dump(mode="json"))
-        updated = stored or JobStepState.prepared(
-            id=record,
+        if await save_shared(
+            steps,
+            stored,
+            record_id=record,
             job_id=STEP_KEYS_JOB,
-            type=PLACES_RECORD_TYPE,
-            name="",
-            stage=0,
+            record_type=PLACES_RECORD_TYPE,
             state=payload,
-        )
-        updated.state = payload
-        try:
-            await steps.save(updated)
-        except VersionConflictError:
-            continue  # another host took or gave back meanwhile: read again
-        return answer
+        ):
+            return answer
+        # another host took or gave back meanwhile: read again
     return conflict
 
 

@@ -117,20 +117,17 @@ class MongoJobStorage(JobLookup, MongoRecords):
             filter["type"] = query.type
         if query.statuses:
             filter["status"] = {"$in": sorted(int(s) for s in query.statuses)}
-        created: dict[str, Int64] = {}
-        if query.created_before is not None:
-            created["$lt"] = Int64(to_micros(query.created_before))
-        if query.created_after is not None:
-            created["$gte"] = Int64(to_micros(query.created_after))
-        if created:
-            filter["created"] = created
-        changed: dict[str, Int64] = {}
-        if query.changed_before is not None:
-            changed["$lt"] = Int64(to_micros(query.changed_before))
-        if query.changed_after is not None:
-            changed["$gte"] = Int64(to_micros(query.changed_after))
-        if changed:
-            filter["changed"] = changed
+        for field, after, before in (
+            ("created", query.created_after, query.created_before),
+            ("changed", query.changed_after, query.changed_before),
+        ):
+            bounds: dict[str, Int64] = {}
+            if before is not None:
+                bounds["$lt"] = Int64(to_micros(before))
+            if after is not None:
+                bounds["$gte"] = Int64(to_micros(after))
+            if bounds:
+                filter[field] = bounds
         if query.id_prefix:
             filter["_id"] = {"$gte": query.id_prefix, "$lt": query.id_prefix + PREFIX_END}
         return filter
