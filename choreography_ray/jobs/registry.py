@@ -47,14 +47,18 @@ def trusted(cls: type[_M], **values: Any) -> _M:
     What `model_construct` does, without its per-field search for aliases and defaults: the
     engine builds several of these per step (status changes, payloads, prepared records) on its
     hottest path, and `model_construct` there costs about a sixth more CPU per no-op step
-    (docs/decisions.md). The caller gives every field; all of them count as set.
+    (docs/decisions.md). The caller gives every field; all of them count as set, in one set
+    shared by every instance of the class (`trusted_sharing`): building a set per instance took
+    a sixth of this call, and a step record's set of 17 names is larger than the rest of it.
     """
-    instance = cls.__new__(cls)
-    object.__setattr__(instance, "__dict__", values)
-    object.__setattr__(instance, "__pydantic_fields_set__", set(values))
-    object.__setattr__(instance, "__pydantic_extra__", None)
-    object.__setattr__(instance, "__pydantic_private__", None)
-    return instance
+    fields = _ALL_FIELDS.get(cls)
+    if fields is None:
+        fields = _ALL_FIELDS.setdefault(cls, set(cls.model_fields))
+    return trusted_sharing(cls, fields if len(values) == len(fields) else set(values), values)
+
+
+_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
+"""Per model class, the names of all its fields: the fields set `trusted` shares."""
 
 
 def trusted_sharing(cls: type[_M], fields_set: set[str], values: dict[str, Any]) -> _M:
@@ -66,10 +70,16 @@ def trusted_sharing(cls: type[_M], fields_set: set[str], values: dict[str, Any])
     name every field of `values` (assignment then only adds a name already there)."""
     instance = cls.__new__(cls)
     object.__setattr__(instance, "__dict__", values)
-    object.__setattr__(instance, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(instance, "__pydantic_extra__", None)
-    object.__setattr__(instance, "__pydantic_private__", None)
+    _set_fields_set(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
+
+
+# BaseModel's own slots, set through their descriptors: `object.__setattr__` looks each up first.
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 class Payload(BaseModel):

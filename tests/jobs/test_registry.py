@@ -23,6 +23,7 @@ from choreography_ray.jobs import (
     register_type,
 )
 from choreography_ray.jobs.errors import JobTypesError
+from choreography_ray.jobs.registry import trusted
 
 
 class Order(BaseModel):
@@ -531,3 +532,21 @@ def test_a_bad_request_in_a_batch_is_refused_as_it_is_alone(
     values.insert(11, bad)
     with pytest.raises(InvalidRequestError, match=message):
         registry.dump_requests(values)
+
+
+class _Pair(BaseModel):
+    a: int
+    b: int = 0
+
+
+def test_trusted_instances_share_one_fields_set_only_when_every_field_is_given():
+    whole, other = trusted(_Pair, a=1, b=2), trusted(_Pair, a=3, b=4)
+    assert whole.model_fields_set == {"a", "b"}
+    assert whole.__pydantic_fields_set__ is other.__pydantic_fields_set__  # one per class
+
+    partial = trusted(_Pair, a=1)
+    assert partial.model_fields_set == {"a"}
+    partial.b = 5  # marks b set on this instance alone
+    assert partial.model_fields_set == {"a", "b"}
+    assert trusted(_Pair, a=2).model_fields_set == {"a"}
+    assert partial.model_dump_json() == '{"a":1,"b":5}'
