@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +137,11 @@ def _writes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]])
     }
 
 
-async def _latencies(storage_url: str, namespace: str, job_id: str) -> list[float]:
+async def dispatch_latencies(
+    storage_url: str, namespace: str, job_ids: Sequence[str]
+) -> dict[str, list[float]]:
+    """Per job, each step's seconds from the job's dispatch (its Running status) to the
+    step's outcome, read from storage."""
     from .jobs.options import JobsOptions
     from .runtime.remote_storage import open_cluster_storage
 
@@ -145,18 +149,22 @@ async def _latencies(storage_url: str, namespace: str, job_id: str) -> list[floa
         storage_url, namespace=namespace, modules=[__name__], options=JobsOptions()
     )
     await provider.initialize()
+    found: dict[str, list[float]] = {}
     try:
         storage = provider.for_key(JobKey())
-        job = await storage.jobs.get(job_id)
-        dispatched = next(c.occurred for c in job.status_changes if c.status == JobStatus.RUNNING)
-        steps = await storage.steps.get_for_job(job_id)
-        return [
-            (step.status_changes[-1].occurred - dispatched).total_seconds()
-            for step in steps
-            if step.status_changes
-        ]
+        for job_id in job_ids:
+            job = await storage.jobs.get(job_id)
+            dispatched = next(
+                c.occurred for c in job.status_changes if c.status == JobStatus.RUNNING
+            )
+            found[job_id] = [
+                (step.status_changes[-1].occurred - dispatched).total_seconds()
+                for step in await storage.steps.get_for_job(job_id)
+                if step.status_changes
+            ]
     finally:
         await provider.close()
+    return found
 
 
 def run_fanout(
@@ -180,7 +188,7 @@ def run_fanout(
     if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise RuntimeError(f"the benchmark job ended {state.status if state else 'cleared'}")
     after = host_stats(jobs.namespace)
-    latencies = asyncio.run(_latencies(storage_url, jobs.namespace, job_id))
+    latencies = asyncio.run(dispatch_latencies(storage_url, jobs.namespace, [job_id]))[job_id]
     return FanOutRun(
         label=label,
         steps=steps,
