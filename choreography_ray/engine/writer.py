@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..jobs.errors import StorageUnavailableError, VersionConflictError
+from ..jobs.registry import snapshot
 from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
@@ -166,18 +167,18 @@ class StepWriter:
     async def _flush(self, batch: list[Tracked]) -> list[Tracked]:
         """Write `batch`; what is left to hold when storage is unavailable."""
         while batch:
-            snapshots = [(record, record.changes, record.state.model_copy()) for record in batch]
+            snapshots = [(record, record.changes, snapshot(record.state)) for record in batch]
             try:
                 versions = await self.storage.steps.save_many([s for _, _, s in snapshots])
             except VersionConflictError as conflict:
                 lost = set(conflict.conflicts)
                 applied = getattr(conflict, "applied", {}) or {}
                 remaining = []
-                for record, sequence, snapshot in snapshots:
-                    if snapshot.id in lost:
+                for record, sequence, saved in snapshots:
+                    if saved.id in lost:
                         self._stale(record)
-                    elif snapshot.id in applied:
-                        self._durable(record, sequence, applied[snapshot.id])
+                    elif saved.id in applied:
+                        self._durable(record, sequence, applied[saved.id])
                     else:
                         remaining.append(record)
                 batch = remaining

