@@ -100,8 +100,8 @@ class JobRecord:
 
     def decided(self, step_id: str, decision: StepDecision) -> None:
         """A decision on the step's stored failed attempt, to store with it before the next
-        write of the job record: the retry it schedules waits for that write (the job's turn),
-        and a final failure counts in the progress that write saves."""
+        write of the job record, or before the retry it schedules is sent if that comes first
+        (`store_decisions`); a final failure counts in the progress that write saves."""
         self._decisions[step_id] = decision
 
     async def _store_decisions(self) -> None:
@@ -125,6 +125,21 @@ class JobRecord:
         except BaseException:
             self._decisions = {**decisions, **self._decisions}
             raise
+
+    async def store_decisions(self) -> None:
+        """Store the pending decisions now, ahead of the job record's next write: a retry is
+        sent only once its decision is stored. A turn that heard a failure goes on to dispatch
+        other steps outside the job's turn; a retry sent meanwhile would be read by its worker
+        before that turn stores the decision, and the decision's write would then land under
+        the retry's run (its Running write finds the record changed, and the run stops). A
+        failed write lets the job go (raises `Released`), as `save_progress` does."""
+        if self.released or not self._decisions:
+            return
+        try:
+            await self._store_decisions()
+        except Exception as error:
+            self.release(f"could not store step decisions: {error}")
+            raise Released() from error
 
     async def save(self) -> None:
         """Compare-and-set the job record; a lost race means another activation owns the job.

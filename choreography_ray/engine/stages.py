@@ -436,8 +436,9 @@ class Stages:
             self.ledger.retry_due(step_id)
             if self.record.released or self.record.state.status != JobStatus.RUNNING:
                 return
-            self.ledger.queue([(step_id, attempt)])
             try:
+                await self.record.store_decisions()  # this retry's among them, before it goes
+                self.ledger.queue([(step_id, attempt)])
                 await self.advance(dispatch_failures_fail=False)
                 await self.record.save_progress()
             except Released:

@@ -3,9 +3,13 @@ resume, in the worker and in the recount; the retry policy that decides it."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from choreography_ray.engine.clock import settle
 from choreography_ray.engine.messages import (
     StartOutcome,
     StepReport,
@@ -14,9 +18,16 @@ from choreography_ray.engine.messages import (
     unpack_reports,
 )
 from choreography_ray.engine.stored_steps import settled
-from choreography_ray.jobs import InvalidOptionError, JobStatus, JobStepStatus, RetryPolicy
+from choreography_ray.jobs import (
+    InvalidOptionError,
+    JobsOptions,
+    JobStatus,
+    JobStepStatus,
+    RetryPolicy,
+)
 from choreography_ray.jobs.state import JobStepState, StepDecision, StepError
 from choreography_ray.jobs.step import StepContext, StepFailed
+from choreography_ray.testing import InProcessCluster
 
 from . import fixtures
 from .fixtures import (
@@ -27,6 +38,7 @@ from .fixtures import (
     RetryingJob,
     ScenarioJob,
     request,
+    wrap_steps,
 )
 
 
@@ -119,6 +131,96 @@ def test_a_worker_answers_a_late_retry_start_of_a_failure_decided_final_with_its
     again = failed.model_copy(update={"decision": StepDecision(attempt=1, retry=True)})
     assert settled(retry_start, again) is None
     assert settled(StepStart("s", generation=0, attempt=1), again) is not None  # a resend
+
+
+class WindowedRetryingJob(RetryingJob, name="tests.decisions.windowed-retrying-job"):
+    max_active_steps = 2
+
+
+class _HeldRetryWrite:
+    """Step storage whose write of step `a`'s second attempt waits for `go`."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.go = asyncio.Event()
+        self.waiting = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def save_many(self, states: list[JobStepState]) -> Any:
+        if any(state.name == "a" and state.attempt == 2 for state in states):
+            self.waiting = True
+            await self.go.wait()
+        return await self._inner.save_many(states)
+
+
+async def _until(condition: Callable[[], Any], turns: int = 2000) -> None:
+    """Run the loop until `condition()` (awaited when it is a coroutine) holds."""
+    for _ in range(turns):
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the scenario did not reach its next point")
+
+
+def test_a_retry_is_sent_only_once_its_decision_is_stored(run, script):
+    """The turn that hears a failure schedules its retry, then dispatches other steps and
+    waits for the workers' answers outside the job's turn; the retry can go out meanwhile.
+    The decision must already be stored by then: stored later, it lands between the worker's
+    read of the record and the retry's Running write, which then finds the record changed
+    under its run; the run stops, reports nothing, and the job waits for its watchdog (the
+    90 s of benchmarks/adaptive.py with a fixed window)."""
+    script.behaviour["a"].fail_times = 1
+    held: list[_HeldRetryWrite] = []
+
+    def hold(steps: Any) -> _HeldRetryWrite:
+        held.append(_HeldRetryWrite(steps))
+        return held[-1]
+
+    cluster = InProcessCluster(
+        options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap_steps(hold)
+    )
+    dispatch = cluster.start_steps
+    c_sent, c_go = asyncio.Event(), asyncio.Event()
+
+    async def start_steps(job_key, job_id, job_type, starts, *args: Any, **kwargs: Any) -> Any:
+        steps = await cluster.storage(job_key).steps.get_many(job_id, [s.step_id for s in starts])
+        if any(step.name == "c" for step in steps):
+            c_sent.set()  # the turn that heard a's failure waits here, outside the turn
+            await c_go.wait()
+        return await dispatch(job_key, job_id, job_type, starts, *args, **kwargs)
+
+    cluster.start_steps = start_steps  # type: ignore[method-assign]
+
+    async def stored(job_id: str) -> JobStepState:
+        steps = await cluster.storage().steps.get_for_job(job_id)
+        return next(step for step in steps if step.name == "a")
+
+    async def decided(job_id: str) -> bool:
+        return (await stored(job_id)).decision is not None
+
+    async def scenario():
+        async with cluster:
+            job_id = (await cluster.start(WindowedRetryingJob, request("a", "b", "c"))).job_id
+            await _until(c_sent.is_set)  # a failed and b succeeded: the window sends c
+            failed = await stored(job_id)
+            assert (failed.status, failed.attempt) == (JobStepStatus.COMPLETED_WITH_FAILURE, 1)
+            await cluster.clock.advance(1)  # a's retry is due while that turn waits
+            await _until(lambda: held[0].waiting)  # the worker read a's record to retry it
+            c_go.set()  # the turn goes on, and stores what it has not stored yet
+            await _until(lambda: decided(job_id))
+            await settle()
+            held[0].go.set()  # the retry's Running write
+            return await cluster.wait(job_id)
+
+    state = run(scenario())
+    assert state is not None
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY  # without waiting for the watchdog
+    assert sorted(script.runs) == [("a", 1), ("a", 2), ("b", 1), ("c", 1)]
 
 
 # -- the policy -----------------------------------------------------------------------------------

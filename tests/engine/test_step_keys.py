@@ -223,6 +223,44 @@ def test_keys_get_their_places_in_turn(run, book):
     assert ran == ["acme0", "globex0", "acme1", "globex1", "acme2", "acme3", "acme4", "acme5"]
 
 
+def test_the_keys_places_of_one_pass_start_in_turn(run, book):
+    """A host of two slots has two runs of acme and two of globex, of one job, waiting, both
+    keys full (their places held on another host). The places free together, and one pass
+    takes two of each key: the job's runs that got them are queued one key after the other
+    in turn, so the two slots go to acme and globex, not both to acme."""
+    cluster = _cluster(workers=0)
+    cluster.max_parallel_steps = 4
+    cluster.add_worker("big")
+    cluster.max_parallel_steps = 2
+    small = cluster.add_worker("small")
+
+    async def scenario() -> Any:
+        async with cluster:
+            cluster.draining = {"small"}
+            holding = [
+                Work(tenant=t, name=f"hold-{t}{n}") for t in ("acme", "globex") for n in "01"
+            ]
+            await cluster.start(Calls, Works(works=holding))
+            await cluster.settle()
+            cluster.draining = {"big"}
+            request = Works(works=[*works("acme", 2), *works("globex", 2)])
+            job_id = (await cluster.start(Calls, request)).job_id
+            await cluster.settle()
+            waiting = small.keys.waiting
+            book.open(*(work.name for work in holding))
+            await cluster.advance(1)  # the places are free when small asks again
+            first = [name for name in book.began if not name.startswith("hold")]
+            for _ in range(3):
+                book.open(*book.began)
+                await cluster.advance(1)
+            return waiting, first, await cluster.wait(job_id)
+
+    waiting, first, state = run(scenario())
+    assert waiting == 4
+    assert [name.rstrip("01") for name in first] == ["acme", "globex"]
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
 def test_a_dead_hosts_place_comes_back_when_its_lease_ends(run, book):
     """One place, held by a step on worker-0; worker-0 dies. Its step is sent to worker-1,
     where it waits with the others: the dead host's place still counts until its lease ends
