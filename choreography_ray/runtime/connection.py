@@ -60,7 +60,7 @@ def connect(
     options: JobsOptions | None = None,
     modules: list[str] | tuple[str, ...] = (),
     max_parallel_steps: int | None = None,
-    workers_per_node: int = 1,
+    workers_per_node: int | None = None,
     runtime_env: dict[str, Any] | None = None,
 ) -> Jobs:
     """Connect to the job system of a Ray cluster, starting what is missing.
@@ -71,6 +71,9 @@ def connect(
     cluster is used (it defaults to SQLite under .choreography/ then); later connections may
     leave it out, and may not name another. `modules` are imported by every host, so the job
     types they define resolve; a job class's own module is added when it is started.
+    `workers_per_node`: worker hosts on each worker node; None (the default) runs one per CPU
+    of each node, at least 1 and at most `engine.limits.MAX_WORKER_HOSTS` (docs/configuration.md).
+    The first `connect` of a cluster sets it; a later one may leave it out, and may not change it.
     """
     max_parallel_steps = check_connect_arguments(
         address=address,
@@ -86,7 +89,9 @@ def connect(
     init_ray(address, namespace, runtime_env)
     previous = read_config(namespace)
     config = _wanted_config(previous, storage, options, list(modules), runtime_packages())
-    if previous is None:
+    if previous is not None:
+        check_same_hosts(previous, workers_per_node)
+    else:
         config = config.model_copy(
             update={"max_parallel_steps": max_parallel_steps, "workers_per_node": workers_per_node}
         )
@@ -136,6 +141,18 @@ def _wanted_config(
                 "first, or another namespace)"
             )
     return merge(previous, modules=modules, keys=[], packages=packages)
+
+
+def check_same_hosts(config: ClusterConfig, workers_per_node: int | None) -> None:
+    """A `connect` that names `workers_per_node` must name the one the cluster runs with: its
+    hosts are started already, and every node that joins gets the configuration's."""
+    if workers_per_node is not None and workers_per_node != config.workers_per_node:
+        running = config.workers_per_node or "one per CPU (unset)"
+        raise ConfigurationError(
+            f"this Ray cluster's job system already runs with workers_per_node={running}; "
+            f"it cannot switch to {workers_per_node} while its hosts run (use `choreography "
+            "down` first, or another namespace)"
+        )
 
 
 def probe_storage(url: str) -> None:
