@@ -38,6 +38,7 @@ from .config import (
     merge,
     read_config,
     restore_config,
+    taking_down,
     write_config,
 )
 from .constants import NAMESPACE
@@ -73,7 +74,8 @@ def connect(
     types they define resolve; a job class's own module is added when it is started.
     `workers_per_node`: worker hosts on each worker node; None (the default) runs one per CPU
     of each node, at least 1 and at most `engine.limits.MAX_WORKER_HOSTS` (docs/configuration.md).
-    The first `connect` of a cluster sets it; a later one may leave it out, and may not change it.
+    The first `connect` of a cluster sets it; a later one may leave it out, and changes it only
+    after `choreography down`.
     """
     max_parallel_steps = check_connect_arguments(
         address=address,
@@ -90,7 +92,7 @@ def connect(
     previous = read_config(namespace)
     config = _wanted_config(previous, storage, options, list(modules), runtime_packages())
     if previous is not None:
-        check_same_hosts(previous, workers_per_node)
+        config = _placed(previous, config, workers_per_node, namespace)
     else:
         config = config.model_copy(
             update={"max_parallel_steps": max_parallel_steps, "workers_per_node": workers_per_node}
@@ -143,16 +145,26 @@ def _wanted_config(
     return merge(previous, modules=modules, keys=[], packages=packages)
 
 
-def check_same_hosts(config: ClusterConfig, workers_per_node: int | None) -> None:
-    """A `connect` that names `workers_per_node` must name the one the cluster runs with: its
-    hosts are started already, and every node that joins gets the configuration's."""
-    if workers_per_node is not None and workers_per_node != config.workers_per_node:
-        running = config.workers_per_node or "one per CPU (unset)"
-        raise ConfigurationError(
-            f"this Ray cluster's job system already runs with workers_per_node={running}; "
-            f"it cannot switch to {workers_per_node} while its hosts run (use `choreography "
-            "down` first, or another namespace)"
+def _placed(
+    previous: ClusterConfig, config: ClusterConfig, workers_per_node: int | None, namespace: str
+) -> ClusterConfig:
+    """`config` with the worker hosts per node a later `connect` names: the cluster's own when
+    it names none or the same; another only while the hosts are down (`choreography down`),
+    since running hosts were placed by it and every node that joins is placed by it too."""
+    if workers_per_node is None or workers_per_node == previous.workers_per_node:
+        return config
+    if not taking_down(namespace):
+        running = (
+            f"workers_per_node={previous.workers_per_node}"
+            if previous.workers_per_node is not None
+            else "workers_per_node unset (one worker host per CPU of each node)"
         )
+        raise ConfigurationError(
+            f"this Ray cluster's job system already runs with {running}; it cannot switch to "
+            f"{workers_per_node} while its hosts run (use `choreography down` first, or "
+            "another namespace)"
+        )
+    return config.model_copy(update={"workers_per_node": workers_per_node})
 
 
 def probe_storage(url: str) -> None:

@@ -255,6 +255,9 @@ class FakeKV:
     def _internal_kv_del(self, key: bytes, namespace: str) -> None:
         self.data.pop((key, namespace), None)
 
+    def _internal_kv_exists(self, key: bytes, namespace: str) -> bool:
+        return (key, namespace) in self.data
+
 
 @pytest.fixture
 def failing_hosts(monkeypatch, tmp_path):
@@ -367,12 +370,24 @@ def test_a_later_connect_may_not_change_the_worker_hosts_per_node(
     before = ClusterConfig(storage=url, keys=[JobKey()], workers_per_node=running)
     write_config(before, "placed")
     monkeypatch.setattr(connection, "start_hosts", lambda *args: None)
-    with pytest.raises(ConfigurationError, match=f"workers_per_node=.*cannot switch to {asked}"):
+    with pytest.raises(ConfigurationError, match=f"workers_per_node.*cannot switch to {asked}"):
         cr.connect(url, namespace="placed", workers_per_node=asked)
     assert read_config("placed") == before
     cr.connect(url, namespace="placed", workers_per_node=running)  # the same: fine
     cr.connect(url, namespace="placed")  # left out: the cluster's
     assert read_config("placed") == before
+
+
+def test_after_down_a_connect_may_change_the_worker_hosts_per_node(failing_hosts, monkeypatch):
+    """`down` keeps the configuration; no host runs, so the next `up` may place them anew."""
+    from choreography_ray.runtime.config import mark_taking_down, read_config, write_config
+
+    _, _, url = failing_hosts
+    write_config(ClusterConfig(storage=url, keys=[JobKey()], workers_per_node=1), "down")
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: None)
+    mark_taking_down("down")
+    cr.connect(url, namespace="down", workers_per_node=2)
+    assert read_config("down").workers_per_node == 2
 
 
 # -- Ray's errors as one line --------------------------------------------------------------------
