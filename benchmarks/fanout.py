@@ -10,9 +10,9 @@
 For each N: plain Ray tasks (`ray.get` over N no-op remote calls) and a job of N no-op async
 steps in each configuration of `--configs`:
 
-    default     SQLite, default options
+    default     SQLite, default options (worker hosts per node from the node's CPUs)
     tuned       SQLite, max_parallel_steps=--tuned
-    wide        tuned, --workers worker hosts per node
+    wide        tuned, --workers worker hosts per node (given explicitly)
     leases      tuned, step_lease_timeout=30s (leases on)
     pg-default  PostgreSQL (--postgres), default options
     pg-tuned    PostgreSQL, max_parallel_steps=--tuned
@@ -65,7 +65,8 @@ class Config:
     name: str
     storage: str
     max_parallel_steps: int | None = None
-    workers: int = 1
+    workers: int | None = None
+    """Worker hosts per node; None: the default, derived from the node's CPUs."""
     options: cr.JobsOptions | None = None
     jobs: object = None
     runs: list = field(default_factory=list)

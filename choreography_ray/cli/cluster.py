@@ -81,8 +81,12 @@ def up(
         typer.Option("--module", "-m", help="A module that defines job types (repeatable)."),
     ] = None,
     workers_per_node: Annotated[
-        int, typer.Option(help="Worker host processes per worker node (cores to use).")
-    ] = 1,
+        int | None,
+        typer.Option(
+            help="Worker host processes per worker node (cores to use); default: one per CPU "
+            "of each node, at most 8."
+        ),
+    ] = None,
 ) -> None:
     """Start the host actors on a running Ray cluster, with its storage and options.
 

@@ -122,8 +122,13 @@ def bench(
     runs: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 3,
     tuned: Annotated[int, typer.Option(min=1, help="max_parallel_steps of the tuned hosts.")] = 256,
     workers_per_node: Annotated[
-        int, typer.Option(min=1, help="Worker host processes of the tuned configuration.")
-    ] = 1,
+        int | None,
+        typer.Option(
+            min=1,
+            help="Worker host processes per node of the tuned configuration; default: one "
+            "per CPU, as the default configuration.",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark a durable fan-out of no-op steps against plain Ray tasks, on a local Ray.
 
@@ -143,7 +148,7 @@ def bench(
         try:
             configs = {}
             for name, parallel, workers in (
-                ("default", None, 1),
+                ("default", None, None),
                 ("tuned", tuned, workers_per_node),
             ):
                 url = f"sqlite:///{workdir}/{name}.db"
@@ -175,7 +180,8 @@ def bench(
             for name in ("default", "tuned"):
                 stop_hosts(f"bench-{name}")
             ray.shutdown()
-    hosts = f", {workers_per_node} worker hosts per node" if workers_per_node > 1 else ""
+    plural = "s" if workers_per_node != 1 else ""
+    hosts = f", {workers_per_node} worker host{plural} per node" if workers_per_node else ""
     console.print(f"fan-out of {steps} no-op steps, SQLite, medians of {runs} run(s) each")
     console.print(table)
     console.print(

@@ -217,14 +217,18 @@ def status_command(
             highlight=False,
             markup=False,
         )
+        workers = [host.name for host in node.hosts if host.role == "worker"]
         for host in node.hosts:
+            which = ""
+            if host.role == "worker" and len(workers) > 1:  # one per CPU by default
+                which = f" {workers.index(host.name) + 1} of {len(workers)}"
             figures = ""
             if host.active_runs is not None:
                 figures = f"  {host.active_runs} running steps"
                 if host.max_parallel_steps:
                     figures += f" of at most {host.max_parallel_steps}"
             problem = f"  ({host.problem})" if host.problem else ""
-            say(f"  {host.role} host{figures}{problem}", highlight=False, markup=False)
+            say(f"  {host.role} host{which}{figures}{problem}", highlight=False, markup=False)
     by_status = ", ".join(f"{n} {s.name.lower()}" for s, n in sorted(counts.items()))
     say(f"jobs in {key}: {by_status or 'none'}", highlight=False, markup=False, soft_wrap=True)
 

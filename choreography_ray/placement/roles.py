@@ -4,8 +4,9 @@ A node declares its role with a Ray node label (`choreography.io/role` by defaul
 `controller`, `worker` or `both`: Ray's recommended way, `ray start --labels`) or with the custom
 resources `choreography_controller` / `choreography_worker`; a node declaring both ways takes
 the union. While no live node of the cluster declares any role, every node takes both (a laptop,
-a cluster started without roles). Plain Python over `NodeFacts`, so the rule is tested without a
-cluster; the runtime reads the facts from Ray.
+a cluster started without roles). A worker node runs `workers_per_node` worker hosts when that
+is given, else a number derived from its own CPUs (`engine.limits.worker_hosts`). Plain Python
+over `NodeFacts`, so the rule is tested without a cluster; the runtime reads the facts from Ray.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..engine.limits import worker_hosts
 from ..jobs.errors import InvalidOptionError
 from .parallelism import PARALLELISM_LABEL, node_parallelism
 
@@ -46,12 +48,14 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class NodeRoles:
-    """The roles a node takes, and how many steps it performs at once (None: the default)."""
+    """The roles a node takes, how many steps it performs at once (None: the default), and,
+    for a worker node, how many worker hosts it runs."""
 
     node_id: str
     controller: bool
     worker: bool
     max_parallel_steps: int | None = None
+    worker_hosts: int = 1
 
 
 def refused_role(node: NodeFacts, role_label: str = ROLE_LABEL) -> str | None:
@@ -81,11 +85,14 @@ def assign_roles(
     role_label: str = ROLE_LABEL,
     parallelism_label: str = PARALLELISM_LABEL,
     max_parallel_steps: int | None = None,
+    workers_per_node: int | None = None,
 ) -> list[NodeRoles]:
     """The roles of every live node; a node that takes none is left out.
 
     A worker node's `max_parallel_steps` comes from its `parallelism_label`, else
-    `max_parallel_steps` (the cluster's value)."""
+    `max_parallel_steps` (the cluster's value); its worker hosts are `workers_per_node` when
+    given, else derived from its own CPUs and that limit (`worker_hosts`)."""
+    workers_per_node = check_workers_per_node(workers_per_node)
     live = [node for node in nodes if node.alive]
     declared = {node.node_id: declared_roles(node, role_label) for node in live}
     anyone = any(roles is not None for roles in declared.values())
@@ -95,32 +102,26 @@ def assign_roles(
             log.warning("%s: the node takes no role", problem)
         controller, worker = declared[node.node_id] or (not anyone, not anyone)
         if controller or worker:
-            parallel = (
-                node_parallelism(node.node_id, node.labels, parallelism_label, max_parallel_steps)
-                if worker
-                else None
-            )
-            assigned.append(NodeRoles(node.node_id, controller, worker, parallel))
+            parallel, hosts = None, 1
+            if worker:
+                parallel = node_parallelism(
+                    node.node_id, node.labels, parallelism_label, max_parallel_steps
+                )
+                hosts = workers_per_node or worker_hosts(node.resources.get("CPU"), parallel)
+            assigned.append(NodeRoles(node.node_id, controller, worker, parallel, hosts))
     return assigned
 
 
-def check_workers_per_node(workers_per_node: object) -> int:
-    """`workers_per_node` if it is a whole number of worker hosts, at least 1: the one rule,
-    for `connect`'s arguments (checked before Ray) and for placement itself."""
+def check_workers_per_node(workers_per_node: object) -> int | None:
+    """`workers_per_node` if it is None (each node's own number, from its CPUs) or a whole
+    number of worker hosts, at least 1: the one rule, for `connect`'s arguments (checked before
+    Ray) and for placement itself."""
+    if workers_per_node is None:
+        return None
     if isinstance(workers_per_node, bool) or not isinstance(workers_per_node, int):
         raise InvalidOptionError(
-            "workers_per_node", f"expected an integer, got {workers_per_node!r}"
+            "workers_per_node", f"expected an integer or None, got {workers_per_node!r}"
         )
     if workers_per_node < 1:
         raise InvalidOptionError("workers_per_node", f"must be at least 1, got {workers_per_node}")
     return workers_per_node
-
-
-def worker_share(max_parallel_steps: int | None, workers_per_node: int) -> int | None:
-    """Each worker host's part of its node's `max_parallel_steps` (rounded up; None: default).
-
-    The throttle stays per node when a node runs several worker hosts."""
-    check_workers_per_node(workers_per_node)
-    if max_parallel_steps is None:
-        return None
-    return max(1, -(-max_parallel_steps // workers_per_node))

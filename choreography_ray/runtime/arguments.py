@@ -57,7 +57,7 @@ def check_connect_arguments(
     options: JobsOptions | None,
     modules: Sequence[str],
     max_parallel_steps: int | None,
-    workers_per_node: int,
+    workers_per_node: int | None,
     runtime_env: dict[str, Any] | None,
 ) -> int | None:
     """Refuse a bad `connect` argument, as `JobsOptions` refuses a bad setting (the storage

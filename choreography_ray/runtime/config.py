@@ -38,8 +38,11 @@ class ClusterConfig(BaseModel):
     keys: list[JobKey] = Field(default_factory=list)
     """Every (scope, namespace) a client has used: the partitions hosts recover."""
     max_parallel_steps: int | None = None
-    workers_per_node: int = 1
-    """How the first `connect` placed worker hosts: a node that joins later gets the same."""
+    workers_per_node: int | None = None
+    """How the first `connect` placed worker hosts: a node that joins later gets the same.
+    None (not given): each worker node runs one per CPU of its own, within bounds
+    (`engine.limits.worker_hosts`). The previous release always wrote a number (1 unless
+    given), which reads as given: a cluster it configured keeps its placement."""
 
     def jobs_options(self) -> JobsOptions:
         return JobsOptions.from_mapping(self.options)
@@ -75,9 +78,17 @@ def missing_config(namespace: str) -> ConfigurationError:
     )
 
 
+def config_json(config: ClusterConfig) -> str:
+    """The configuration as stored. An unset `workers_per_node` is left out rather than
+    written as null: a host of the previous release, during a rolling upgrade, reads the field
+    as a number and would refuse null; it reads the missing field as its old default, 1."""
+    unset = {"workers_per_node"} if config.workers_per_node is None else None
+    return config.model_dump_json(exclude=unset)
+
+
 def write_config(config: ClusterConfig, namespace: str) -> None:
     _kv()._internal_kv_put(
-        CONFIG_KEY, config.model_dump_json().encode(), overwrite=True, namespace=namespace
+        CONFIG_KEY, config_json(config).encode(), overwrite=True, namespace=namespace
     )
 
 

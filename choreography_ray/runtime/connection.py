@@ -38,6 +38,7 @@ from .config import (
     merge,
     read_config,
     restore_config,
+    taking_down,
     write_config,
 )
 from .constants import NAMESPACE
@@ -60,7 +61,7 @@ def connect(
     options: JobsOptions | None = None,
     modules: list[str] | tuple[str, ...] = (),
     max_parallel_steps: int | None = None,
-    workers_per_node: int = 1,
+    workers_per_node: int | None = None,
     runtime_env: dict[str, Any] | None = None,
 ) -> Jobs:
     """Connect to the job system of a Ray cluster, starting what is missing.
@@ -71,6 +72,10 @@ def connect(
     cluster is used (it defaults to SQLite under .choreography/ then); later connections may
     leave it out, and may not name another. `modules` are imported by every host, so the job
     types they define resolve; a job class's own module is added when it is started.
+    `workers_per_node`: worker hosts on each worker node; None (the default) runs one per CPU
+    of each node, at least 1 and at most `engine.limits.MAX_WORKER_HOSTS` (docs/configuration.md).
+    The first `connect` of a cluster sets it; a later one may leave it out, and changes it only
+    after `choreography down`.
     """
     max_parallel_steps = check_connect_arguments(
         address=address,
@@ -86,7 +91,9 @@ def connect(
     init_ray(address, namespace, runtime_env)
     previous = read_config(namespace)
     config = _wanted_config(previous, storage, options, list(modules), runtime_packages())
-    if previous is None:
+    if previous is not None:
+        config = _placed(previous, config, workers_per_node, namespace)
+    else:
         config = config.model_copy(
             update={"max_parallel_steps": max_parallel_steps, "workers_per_node": workers_per_node}
         )
@@ -136,6 +143,28 @@ def _wanted_config(
                 "first, or another namespace)"
             )
     return merge(previous, modules=modules, keys=[], packages=packages)
+
+
+def _placed(
+    previous: ClusterConfig, config: ClusterConfig, workers_per_node: int | None, namespace: str
+) -> ClusterConfig:
+    """`config` with the worker hosts per node a later `connect` names: the cluster's own when
+    it names none or the same; another only while the hosts are down (`choreography down`),
+    since running hosts were placed by it and every node that joins is placed by it too."""
+    if workers_per_node is None or workers_per_node == previous.workers_per_node:
+        return config
+    if not taking_down(namespace):
+        running = (
+            f"workers_per_node={previous.workers_per_node}"
+            if previous.workers_per_node is not None
+            else "workers_per_node unset (one worker host per CPU of each node)"
+        )
+        raise ConfigurationError(
+            f"this Ray cluster's job system already runs with {running}; it cannot switch to "
+            f"{workers_per_node} while its hosts run (use `choreography down` first, or "
+            "another namespace)"
+        )
+    return config.model_copy(update={"workers_per_node": workers_per_node})
 
 
 def probe_storage(url: str) -> None:

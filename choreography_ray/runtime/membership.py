@@ -8,6 +8,7 @@ reads once per `membership_interval`, never per message.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +17,7 @@ import ray
 
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
-from ..placement.roles import worker_share
+from ..placement.roles import NodeRoles
 from ..recovery.keys import KeyCatalog
 from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
@@ -44,17 +45,20 @@ class RayCluster:
         self._incarnations: dict[str, str] = {}
         """Each listed host's actor as last read alive: a host listed but not alive yet (being
         created) keeps its predecessor's until it is, so its replacement is seen."""
-        self.limits: dict[str, int | None] = {}
-        """Each worker node's step limit (its label, else the cluster's), as last read."""
+        self.roles: dict[str, NodeRoles] = {}
+        """Each node's roles, with a worker node's step limit (its label, else the cluster's)
+        and its number of worker hosts, as last read."""
 
     def __call__(self) -> ClusterSnapshot:
         table = ray.nodes()
-        max_parallel_steps = cluster_config(self.namespace).max_parallel_steps
+        config = cluster_config(self.namespace)
         roles = {
             roles.node_id: roles
-            for roles in roles_of(facts_of(table), self.options, max_parallel_steps)
+            for roles in roles_of(
+                facts_of(table), self.options, config.max_parallel_steps, config.workers_per_node
+            )
         }
-        self.limits = {node_id: r.max_parallel_steps for node_id, r in roles.items()}
+        self.roles = roles
         if any(node["NodeID"] not in self._starts for node in table):
             self._starts.update(node_start_times())
         nodes = []
@@ -143,18 +147,16 @@ class ControllerParticipant:
     async def start_node(self, node: NodeInfo) -> None:
         """Create the node's host actors and wait until they are ready and have read the
         configuration, as `connect` does; raises when one does not (the watch retries)."""
-        config = await asyncio.to_thread(cluster_config, self.host.namespace)
+        read = self.cluster.roles.get(node.node_id)
+        if read is None:  # not in the last reading: the cluster's figures
+            config = await asyncio.to_thread(cluster_config, self.host.namespace)
+            hosts = config.workers_per_node or 1
+            read = NodeRoles(node.node_id, False, False, config.max_parallel_steps, hosts)
+        roles = dataclasses.replace(read, controller=node.controller, worker=node.worker)
         handles: dict[str, Any] = await asyncio.to_thread(
             create_node_hosts,
             self.host.namespace,
-            node.node_id,
-            controller=node.controller,
-            worker=node.worker,
-            worker_share=worker_share(
-                self.cluster.limits.get(node.node_id, config.max_parallel_steps),
-                config.workers_per_node,
-            ),
-            workers_per_node=config.workers_per_node,
+            roles,
             controller_class=type(self.host),
             worker_class=self.worker_class,
         )

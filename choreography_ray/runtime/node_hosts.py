@@ -38,21 +38,27 @@ def node_facts() -> list[NodeFacts]:
 
 
 def roles_of(
-    facts: Iterable[NodeFacts], options: JobsOptions, max_parallel_steps: int | None = None
+    facts: Iterable[NodeFacts],
+    options: JobsOptions,
+    max_parallel_steps: int | None = None,
+    workers_per_node: int | None = None,
 ) -> list[NodeRoles]:
     """The roles of every live node under the options' labels, each worker node with its own
-    step limit."""
+    step limit and its number of worker hosts (`workers_per_node`, else from its CPUs)."""
     return assign_roles(
         facts,
         role_label=options.role_label,
         parallelism_label=options.parallelism_label,
         max_parallel_steps=max_parallel_steps or options.max_parallel_steps,
+        workers_per_node=workers_per_node,
     )
 
 
-def node_roles(options: JobsOptions, max_parallel_steps: int | None = None) -> list[NodeRoles]:
-    """The roles of every live node, with each worker node's own step limit."""
-    return roles_of(node_facts(), options, max_parallel_steps)
+def node_roles(
+    options: JobsOptions, max_parallel_steps: int | None = None, workers_per_node: int | None = None
+) -> list[NodeRoles]:
+    """The roles of every live node, with each worker node's own step limit and hosts."""
+    return roles_of(node_facts(), options, max_parallel_steps, workers_per_node)
 
 
 def pinned(node_id: str) -> dict[str, Any]:
@@ -70,31 +76,30 @@ def pinned(node_id: str) -> dict[str, Any]:
 
 def create_node_hosts(
     namespace: str,
-    node_id: str,
+    roles: NodeRoles,
     *,
-    controller: bool,
-    worker: bool,
-    worker_share: int | None,
-    workers_per_node: int,
     controller_class: type,
     worker_class: type,
 ) -> dict[str, Any]:
     """Create the node's missing host actors (idempotent: an existing one is returned); their
-    handles by name. Blocks on Ray's control store; nothing waits for them to be ready."""
+    handles by name. A worker node gets `roles.worker_hosts` worker hosts, which share its step
+    limit (`engine.limits.step_limits`). Blocks on Ray's control store; nothing waits for them
+    to be ready."""
+    node_id = roles.node_id
     hosts: dict[str, Any] = {}
-    if controller:
+    if roles.controller:
         name = controller_name(node_id)
         hosts[name] = (
             ray.remote(controller_class)
             .options(name=name, namespace=namespace, **pinned(node_id))
             .remote(namespace, node_id)
         )
-    if worker:
-        for index in range(workers_per_node):
+    if roles.worker:
+        for index in range(roles.worker_hosts):
             name = worker_name(node_id, index)
             hosts[name] = (
                 ray.remote(worker_class)
                 .options(name=name, namespace=namespace, **pinned(node_id))
-                .remote(namespace, node_id, worker_share, index)
+                .remote(namespace, node_id, roles.max_parallel_steps, index, roles.worker_hosts)
             )
     return hosts

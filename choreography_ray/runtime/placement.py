@@ -16,7 +16,7 @@ import ray
 from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..placement.capability import failing_everywhere, import_failures
-from ..placement.roles import NodeRoles, refused_role, worker_share
+from ..placement.roles import NodeRoles, refused_role
 from .adverts import read_adverts
 from .config import mark_taking_down, read_config, require_config, write_config
 from .constants import ACTOR_PREFIX
@@ -31,8 +31,9 @@ log = logging.getLogger("choreography_ray.runtime")
 def roles_of_node(namespace: str, node_id: str) -> NodeRoles | None:
     """The roles of one live node under the cluster's options (None: it takes none), with its
     own step limit: what the hosts of a node that joins are started with."""
-    options = require_config(namespace).jobs_options()
-    found = [roles for roles in node_roles(options) if roles.node_id == node_id]
+    config = require_config(namespace)
+    roles = node_roles(config.jobs_options(), config.max_parallel_steps, config.workers_per_node)
+    found = [node for node in roles if node.node_id == node_id]
     return found[0] if found else None
 
 
@@ -46,29 +47,27 @@ def check_role_labels(options: JobsOptions) -> None:
 
 
 def start_hosts(
-    namespace: str, max_parallel_steps: int | None = None, workers_per_node: int = 1
+    namespace: str, max_parallel_steps: int | None = None, workers_per_node: int | None = None
 ) -> dict[str, Any]:
     """Create the host actors that are missing (idempotent); returns every host by name.
 
-    `workers_per_node` > 1 runs several worker host processes per worker node, so that step
-    bookkeeping can use more than one core (each is bound to one by the GIL); the node's
-    limit (its label, else `max_parallel_steps`) is shared among them.
+    A worker node runs several worker host processes, so that step bookkeeping can use more
+    than one core (each is bound to one by the GIL): `workers_per_node` of them when given,
+    else one per CPU of that node within bounds (`engine.limits.worker_hosts`). The node's
+    limit (its label, else `max_parallel_steps`) is shared among them. Either left out is
+    the cluster configuration's, which a node that joins later is placed by too.
     """
-    options = require_config(namespace).jobs_options()
+    config = require_config(namespace)
+    options = config.jobs_options()
+    max_parallel_steps = max_parallel_steps or config.max_parallel_steps
+    workers_per_node = workers_per_node or config.workers_per_node
     check_role_labels(options)
     mark_taking_down(namespace, False)  # hosts run again: a host killed later is restarted
     hosts: dict[str, Any] = {}
-    for roles in node_roles(options, max_parallel_steps):
+    for roles in node_roles(options, max_parallel_steps, workers_per_node):
         hosts.update(
             create_node_hosts(
-                namespace,
-                roles.node_id,
-                controller=roles.controller,
-                worker=roles.worker,
-                worker_share=worker_share(roles.max_parallel_steps, workers_per_node),
-                workers_per_node=workers_per_node,
-                controller_class=ControllerHost,
-                worker_class=WorkerHost,
+                namespace, roles, controller_class=ControllerHost, worker_class=WorkerHost
             )
         )
     # Hosts that already ran keep their state; refresh makes them read new modules and keys.

@@ -28,7 +28,7 @@ from .adverts import Adverts, delete_advert, node_of
 from .constants import worker_name
 from .dispatch import RayReporter
 from .host import Host
-from .host_process import cluster_config, rss_kb
+from .host_process import rss_kb
 from .metrics import Metrics
 from .sync_steps import RaySyncStepRunner
 
@@ -39,17 +39,21 @@ class WorkerHost(Host):
     """Step activations of one node, and its throttle."""
 
     def __init__(
-        self, namespace: str, node_id: str, max_parallel_steps: int | None, index: int = 0
+        self,
+        namespace: str,
+        node_id: str,
+        max_parallel_steps: int | None,
+        index: int = 0,
+        hosts: int = 1,
     ) -> None:
+        """Worker host `index` of the node's `hosts`, which share the node's
+        `max_parallel_steps` (None: derived from the node's CPUs)."""
         super().__init__(namespace, node_id, worker_name(node_id, index))
         self.reporter = RayReporter(self.routes, Adverts(namespace, self.clock).of)
         self.metrics = Metrics("worker")
         # The node's own CPUs, not this machine's: nodes of a test cluster share one machine.
-        limits = step_limits(
-            max_parallel_steps,
-            node_of(node_id)[1].get("CPU") or os.cpu_count(),
-            cluster_config(namespace).workers_per_node,
-        )
+        cpus = node_of(node_id)[1].get("CPU") or os.cpu_count()
+        limits = step_limits(max_parallel_steps, cpus, hosts, index)
         self.worker = StepWorker(
             storage_for=self.provider.for_key,
             registry=default_registry,

@@ -79,11 +79,14 @@ def test_jobs_steps_shows_a_failed_steps_error(finished):
 def test_status_shows_the_cluster_in_one_screen(finished):
     shown = invoke("status")
     assert shown.exit_code == 0, shown.output
-    assert "controller host" in shown.output and "worker host" in shown.output
+    assert "controller host" in shown.output
+    # The module's Ray has 2 CPUs: by default, one worker host per CPU.
+    assert "worker host 1 of 2" in shown.output and "worker host 2 of 2" in shown.output
     assert "1 completed_successfully" in shown.output
     as_json = json.loads(invoke("status", "--output", "json").output)
     [node] = as_json["nodes"]
     assert node["alive"] and node["controller"] and node["worker"]
+    assert sorted(host["role"] for host in node["hosts"]) == ["controller", "worker", "worker"]
     assert "tests.runtime.ray_jobs" in as_json["modules"]
 
 

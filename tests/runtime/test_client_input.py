@@ -255,6 +255,9 @@ class FakeKV:
     def _internal_kv_del(self, key: bytes, namespace: str) -> None:
         self.data.pop((key, namespace), None)
 
+    def _internal_kv_exists(self, key: bytes, namespace: str) -> bool:
+        return (key, namespace) in self.data
+
 
 @pytest.fixture
 def failing_hosts(monkeypatch, tmp_path):
@@ -308,8 +311,83 @@ def test_the_step_limit_reaches_the_hosts_as_the_check_read_it(failing_hosts, mo
     given: list[Any] = []
     monkeypatch.setattr(connection, "start_hosts", lambda *args: given.append(args))
     cr.connect(url, namespace="limited", max_parallel_steps="3")
-    assert given == [("limited", 3, 1)]
+    assert given == [("limited", 3, None)]  # worker hosts per node: each node's own
     assert read_config("limited").max_parallel_steps == 3
+    assert read_config("limited").workers_per_node is None
+
+
+PREVIOUS_RELEASE_CONFIG = (
+    '{"storage": "%s", "options": {}, "modules": [], "packages": {}, '
+    '"keys": [{"scope": "default", "namespace": "default"}], "max_parallel_steps": null, '
+    '"workers_per_node": 1}'
+)
+"""A configuration as the previous release wrote it: `workers_per_node` always a number."""
+
+
+def test_a_configuration_of_the_previous_release_loads_and_keeps_its_hosts(
+    failing_hosts, monkeypatch
+):
+    """Its 1 reads as given: the cluster it configured keeps one worker host per node, also
+    once a `connect` that leaves the number out writes the configuration again."""
+    from choreography_ray.runtime.config import CONFIG_KEY, read_config
+
+    kv, _, url = failing_hosts
+    kv.data[(CONFIG_KEY, "old")] = (PREVIOUS_RELEASE_CONFIG % url).encode()
+    assert read_config("old").workers_per_node == 1
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: None)
+    cr.connect(url, namespace="old", modules=["tests.runtime.ray_jobs"])  # written again
+    assert read_config("old").workers_per_node == 1
+
+
+def test_an_unset_number_of_worker_hosts_is_left_out_of_the_stored_configuration():
+    """The previous release's hosts read the field as a number (a rolling upgrade): they
+    refuse null, and read a missing field as their old default."""
+    from pydantic import BaseModel, ValidationError
+
+    from choreography_ray.runtime.config import config_json
+
+    class PreviousRelease(BaseModel):
+        storage: str
+        workers_per_node: int = 1
+
+    stored = config_json(ClusterConfig(storage="sqlite:///x.db"))
+    assert "workers_per_node" not in stored
+    assert ClusterConfig.model_validate_json(stored).workers_per_node is None
+    assert PreviousRelease.model_validate_json(stored).workers_per_node == 1
+    with pytest.raises(ValidationError):
+        PreviousRelease.model_validate_json('{"storage": "x", "workers_per_node": null}')
+    given = config_json(ClusterConfig(storage="x", workers_per_node=3))
+    assert ClusterConfig.model_validate_json(given).workers_per_node == 3
+
+
+@pytest.mark.parametrize(("running", "asked"), [(None, 2), (1, 2), (2, 1)])
+def test_a_later_connect_may_not_change_the_worker_hosts_per_node(
+    failing_hosts, monkeypatch, running, asked
+):
+    from choreography_ray.runtime.config import read_config, write_config
+
+    _, _, url = failing_hosts
+    before = ClusterConfig(storage=url, keys=[JobKey()], workers_per_node=running)
+    write_config(before, "placed")
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: None)
+    with pytest.raises(ConfigurationError, match=f"workers_per_node.*cannot switch to {asked}"):
+        cr.connect(url, namespace="placed", workers_per_node=asked)
+    assert read_config("placed") == before
+    cr.connect(url, namespace="placed", workers_per_node=running)  # the same: fine
+    cr.connect(url, namespace="placed")  # left out: the cluster's
+    assert read_config("placed") == before
+
+
+def test_after_down_a_connect_may_change_the_worker_hosts_per_node(failing_hosts, monkeypatch):
+    """`down` keeps the configuration; no host runs, so the next `up` may place them anew."""
+    from choreography_ray.runtime.config import mark_taking_down, read_config, write_config
+
+    _, _, url = failing_hosts
+    write_config(ClusterConfig(storage=url, keys=[JobKey()], workers_per_node=1), "down")
+    monkeypatch.setattr(connection, "start_hosts", lambda *args: None)
+    mark_taking_down("down")
+    cr.connect(url, namespace="down", workers_per_node=2)
+    assert read_config("down").workers_per_node == 2
 
 
 # -- Ray's errors as one line --------------------------------------------------------------------

@@ -307,6 +307,50 @@ def test_several_worker_hosts_per_node_share_a_jobs_steps(ray_instance, tmp_path
     assert sum(s["step_rows"] for s in stats) >= 200  # an outcome each, at least
 
 
+def _worker_hosts(namespace: str) -> list[dict[str, Any]]:
+    """The stats of the namespace's worker hosts, by name."""
+    import ray
+
+    from choreography_ray.runtime.constants import WORKER_PREFIX
+    from choreography_ray.runtime.directory import actor_names
+
+    names = sorted(n for n in actor_names(namespace) if n.startswith(WORKER_PREFIX))
+    return [
+        {"name": n, **ray.get(ray.get_actor(n, namespace=namespace).stats.remote(), timeout=30)}
+        for n in names
+    ]
+
+
+def test_by_default_a_node_runs_one_worker_host_per_cpu(jobs):
+    """The module's Ray has 2 CPUs: the default start runs two worker hosts on the node,
+    which split its window of 128 async steps per CPU, and both run a job's steps."""
+    import ray
+
+    from choreography_ray.runtime.constants import worker_name
+
+    node = ray.get_runtime_context().get_node_id()
+    job_id = jobs.start(FanOutJob, FanOut(steps=100))
+    assert jobs.wait(job_id, timeout=60).progress.successful_steps == 100
+    hosts = _worker_hosts(jobs.namespace)
+    assert [h["name"] for h in hosts] == [worker_name(node, 0), worker_name(node, 1)]
+    assert [h["max_parallel_steps"] for h in hosts] == [128, 128]  # 256 for the node
+    assert all(h["runs_done"] > 0 for h in hosts)
+
+
+def test_an_explicit_workers_per_node_wins_over_the_nodes_cpus(ray_instance):
+    """One worker host on the 2-CPU node, with the node's whole window; a later `connect`
+    that leaves the number out keeps the cluster's (it starts no second host)."""
+    import choreography_ray as cr
+
+    namespace = f"narrow-{uuid.uuid4().hex[:6]}"
+    for given in (1, None):
+        client = cr.connect(f"memory://{namespace}", namespace=namespace, workers_per_node=given)
+        hosts = _worker_hosts(namespace)
+        assert len(hosts) == 1 and hosts[0]["max_parallel_steps"] == 256
+    state = client.wait(client.start(FanOutJob, FanOut(steps=5)), timeout=60)
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+
+
 class _Probe:
     """A stand-in host actor: answers pings with its epoch."""
 
