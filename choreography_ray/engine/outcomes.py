@@ -39,6 +39,14 @@ class Outcomes:
             record.counters.ignored_reports += 1
             return None
         tracked = ledger.entry(step_id)
+        if ledger.is_retrying(step_id) or (
+            tracked is not None and report.attempt < tracked.attempt
+        ):
+            # An attempt already decided on, told again (a delivery retried after its answer
+            # was lost): deciding again would schedule a second retry and store a decision
+            # under the next attempt's run.
+            record.counters.ignored_reports += 1
+            return None
         stop = report.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING)
         if stop and report.generation < state.execution_generation:
             # A late stop of an earlier execution: not ours to count; run the step again.

@@ -347,3 +347,73 @@ def test_a_decision_crosses_hosts_and_an_older_host_s_flag_is_no_decision():
     older = (*pack_reports([fresh])[0][:-1], True)
     [read] = unpack_reports([older])
     assert read.decision is None and read.error is not None and read.error.non_retryable
+
+
+def test_a_failure_told_again_while_its_retry_runs_is_not_decided_again(run, cluster, script):
+    """A report delivered again after its answer was lost (the outbox retries a delivery)
+    finds its attempt decided and its retry running. Decided again, it would drop the retry's
+    tracking, schedule another retry and store a decision under the retry's run, whose outcome
+    write then finds the record changed: the run stops, reports nothing, and the job waits for
+    its watchdog."""
+    script.behaviour["a"].fail_times = 1
+    deliver = cluster.report
+    failures: list[tuple[Any, list[StepReport]]] = []
+
+    async def keeping(job_key, job_id, reports):
+        failed = [r for r in reports if r.status == JobStepStatus.COMPLETED_WITH_FAILURE]
+        if failed:
+            failures.append((job_key, failed))
+        await deliver(job_key, job_id, reports)
+
+    cluster.report = keeping
+
+    async def scenario():
+        job_id = (await cluster.start(RetryingJob, request("a"))).job_id
+        await cluster.settle()
+        assert script.runs == [("a", 1)] and len(failures) == 1
+        script.behaviour["a"].block = True  # the retry performs until released
+        await cluster.advance(1)
+        await _until(lambda: script.runs == [("a", 1), ("a", 2)])
+        job_key, failed = failures[0]
+        activation = cluster.manager().activation(job_id)
+        assert activation is not None
+        ignored = activation.counters.ignored_reports
+        await deliver(job_key, job_id, failed)  # the same failure, told again
+        await cluster.settle()
+        assert activation.counters.ignored_reports == ignored + 1  # not decided again
+        script.release("a")
+        await cluster.settle()
+        return await cluster.wait(job_id)
+
+    state = run(scenario())
+    assert state is not None
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY  # without waiting for the watchdog
+    assert script.runs == [("a", 1), ("a", 2)]
+
+
+def test_a_failure_told_again_during_its_backoff_is_not_decided_again(run, cluster, script):
+    """The same, told again while the retry waits out its backoff (no run to track yet)."""
+    script.behaviour["a"].fail_times = 1
+    deliver = cluster.report
+
+    async def twice(job_key, job_id, reports):
+        await deliver(job_key, job_id, reports)
+        failed = [r for r in reports if r.status == JobStepStatus.COMPLETED_WITH_FAILURE]
+        if failed:
+            await deliver(job_key, job_id, failed)  # a delivery retried after its answer was lost
+
+    cluster.report = twice
+
+    async def scenario():
+        job_id = (await cluster.start(RetryingJob, request("a"))).job_id
+        await cluster.settle()
+        activation = cluster.manager().activation(job_id)
+        assert activation is not None
+        ignored = activation.counters.ignored_reports
+        await cluster.advance(1)
+        return ignored, await cluster.wait(job_id)
+
+    ignored, state = run(scenario())
+    assert ignored == 1  # the second telling, before the retry went
+    assert state is not None and state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert script.runs == [("a", 1), ("a", 2)]
