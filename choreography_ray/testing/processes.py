@@ -52,13 +52,18 @@ def still_running(pids: set[int], timeout: float) -> set[int]:
 
 def marked(marker: bytes) -> list[int]:
     """The processes whose environment holds `marker` (an assignment such as
-    `RAY_TMPDIR=...`, which every process a cluster starts inherits)."""
+    `RAY_TMPDIR=...`, which every process a cluster starts inherits), or whose command line
+    names its value: Ray's agents are given their session's directories as arguments, and one
+    started with an environment of its own would otherwise outlive its cluster."""
+    value = marker.partition(b"=")[2]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
+            if marker in (entry / "environ").read_bytes().split(b"\0") or (
+                value and value in (entry / "cmdline").read_bytes()
+            ):
                 found.append(int(entry.name))
     return found
 
