@@ -65,7 +65,8 @@ def step_limits(
     explicit `limit` (`max_parallel_steps` or the node's label), which caps both kinds alike;
     else of the figures derived from the node's CPUs: async steps `ASYNC_STEPS_PER_CPU` per CPU,
     synchronous ones one per CPU but one (left to the hosts and Ray). The parts add up to the
-    node's figure (`host_part`); each host performs at least one of each kind."""
+    node's figure (`host_part`), except that each host performs at least one of each kind: with
+    one host per CPU, a node performs one synchronous step per CPU."""
     if limit is not None:
         part = host_part(limit, hosts, index)
         return StepLimits(part, part)
