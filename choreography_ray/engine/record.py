@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,11 +135,7 @@ class JobRecord:
         failed write lets the job go (raises `Released`), as `save_progress` does."""
         if self.released or not self._decisions:
             return
-        try:
-            await self._store_decisions()
-        except Exception as error:
-            self.release(f"could not store step decisions: {error}")
-            raise Released() from error
+        await self._or_let_go(self._store_decisions, "store step decisions")
 
     async def save(self) -> None:
         """Compare-and-set the job record; a lost race means another activation owns the job.
@@ -181,10 +177,14 @@ class JobRecord:
             return
         if self.state.status.is_terminal and not self.keeps_state():
             return
+        await self._or_let_go(self.save, "save progress")
+
+    async def _or_let_go(self, write: Callable[[], Awaitable[None]], what: str) -> None:
+        """`write`; if it fails, the job is let go (raises `Released`)."""
         try:
-            await self.save()
+            await write()
         except Exception as error:
-            self.release(f"could not save progress: {error}")
+            self.release(f"could not {what}: {error}")
             raise Released() from error
 
     def lease_due(self) -> bool:

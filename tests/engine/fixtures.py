@@ -232,3 +232,37 @@ def wrap_steps(make: Callable[[Any], Any]) -> Callable[[JobsStorage], JobsStorag
         )
 
     return wrap
+
+
+class HeldSteps:
+    """Step storage whose batch writes wait for `go` while `holds(batch)` says so (`waiting`
+    once one does): a test lands another write, or a close, in between."""
+
+    def __init__(self, inner: Any, holds: Callable[[list[Any]], bool]) -> None:
+        self._inner = inner
+        self.holds = holds
+        self.go = asyncio.Event()
+        self.waiting = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def save_many(self, states: list[Any]) -> Any:
+        if self.holds(states):
+            self.waiting = True
+            await self.go.wait()
+        return await self._inner.save_many(states)
+
+
+def held_steps(
+    holds: Callable[[list[Any]], bool],
+) -> tuple[list[HeldSteps], Callable[[JobsStorage], JobsStorage]]:
+    """An `InProcessCluster(wrap_storage=...)` whose step storages are `HeldSteps`, and the
+    list they are added to as the cluster opens them."""
+    made: list[HeldSteps] = []
+
+    def make(steps: Any) -> HeldSteps:
+        made.append(HeldSteps(steps, holds))
+        return made[-1]
+
+    return made, wrap_steps(make)

@@ -19,7 +19,7 @@ from choreography_ray.jobs.errors import ActivationCallbackRejected
 from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, request, wrap_steps
+from .fixtures import KeyRequest, KeyResult, KeyState, ScenarioJob, held_steps, request
 
 
 class Reluctant:
@@ -185,44 +185,17 @@ def test_deactivation_waits_for_a_synchronous_steps_thread(run, cluster, relucta
     assert reports == []
 
 
-class _HeldWrites:
-    """Step storage whose writes wait for `go` once `held` is set."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.held = False
-        self.go = asyncio.Event()
-        self.landed: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def save_many(self, states: list[Any]) -> Any:
-        if self.held:
-            await self.go.wait()
-        versions = await self._inner.save_many(states)
-        self.landed.append(len(states))
-        return versions
-
-
 def test_deactivation_lets_a_write_under_way_land_before_it_closes(run, reluctant, monkeypatch):
     """The work checkpoints as it stops (written at once) and ends; deactivation waits for
     that write too, rather than cancelling it as storage closes."""
-    writes: list[_HeldWrites] = []
-
-    def held(steps: Any) -> _HeldWrites:
-        writes.append(_HeldWrites(steps))
-        return writes[-1]
-
-    cluster = InProcessCluster(
-        options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap_steps(held)
-    )
+    writes, wrap = held_steps(lambda _: False)
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap)
 
     async def scenario():
         async with cluster:
             job_id, _ = await _running(cluster, monkeypatch, "writing")
             [steps] = writes
-            steps.held = True
+            steps.holds = lambda _: True
             closing = asyncio.ensure_future(cluster.worker.deactivate(10))
             reluctant.finish.set()  # the work checkpoints (the write waits) and ends
             await settle()

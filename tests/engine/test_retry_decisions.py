@@ -37,8 +37,8 @@ from .fixtures import (
     KeyStep,
     RetryingJob,
     ScenarioJob,
+    held_steps,
     request,
-    wrap_steps,
 )
 
 
@@ -137,24 +137,6 @@ class WindowedRetryingJob(RetryingJob, name="tests.decisions.windowed-retrying-j
     max_active_steps = 2
 
 
-class _HeldRetryWrite:
-    """Step storage whose write of step `a`'s second attempt waits for `go`."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.go = asyncio.Event()
-        self.waiting = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def save_many(self, states: list[JobStepState]) -> Any:
-        if any(state.name == "a" and state.attempt == 2 for state in states):
-            self.waiting = True
-            await self.go.wait()
-        return await self._inner.save_many(states)
-
-
 async def _until(condition: Callable[[], Any], turns: int = 2000) -> None:
     """Run the loop until `condition()` (awaited when it is a coroutine) holds."""
     for _ in range(turns):
@@ -175,15 +157,10 @@ def test_a_retry_is_sent_only_once_its_decision_is_stored(run, script):
     under its run; the run stops, reports nothing, and the job waits for its watchdog (the
     90 s of benchmarks/adaptive.py with a fixed window)."""
     script.behaviour["a"].fail_times = 1
-    held: list[_HeldRetryWrite] = []
-
-    def hold(steps: Any) -> _HeldRetryWrite:
-        held.append(_HeldRetryWrite(steps))
-        return held[-1]
-
-    cluster = InProcessCluster(
-        options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap_steps(hold)
+    held, wrap = held_steps(  # the write of a's second attempt (its Running) waits
+        lambda states: any(state.name == "a" and state.attempt == 2 for state in states)
     )
+    cluster = InProcessCluster(options=JobsOptions(max_parallel_steps=8), wrap_storage=wrap)
     dispatch = cluster.start_steps
     c_sent, c_go = asyncio.Event(), asyncio.Event()
 

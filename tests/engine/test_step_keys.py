@@ -186,25 +186,37 @@ def test_a_waiting_step_says_so_on_its_record_and_holds_no_slot(run, book):
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY and book.most["acme"] == 1
 
 
+def _behind_full_keys(slots: int) -> tuple[InProcessCluster, Any]:
+    """A cluster of two worker hosts: "big" (four slots), and "small" with `slots`; and the
+    job that fills both keys' places on big (two each of acme and globex), for `scenario` to
+    start inside the cluster: whatever starts after it on small waits for those places."""
+    cluster = _cluster(workers=0)
+    cluster.max_parallel_steps = 4
+    cluster.add_worker("big")
+    cluster.max_parallel_steps = slots
+    cluster.add_worker("small")
+
+    async def hold() -> list[Work]:
+        cluster.draining = {"small"}
+        holding = [Work(tenant=t, name=f"hold-{t}{n}") for t in ("acme", "globex") for n in "01"]
+        await cluster.start(Calls, Works(works=holding))
+        await cluster.settle()
+        cluster.draining = {"big"}
+        return holding
+
+    return cluster, hold
+
+
 def test_keys_get_their_places_in_turn(run, book):
     """A host of one slot has six runs of acme and two of globex waiting, both keys full
     (their places held on another host). As places free, the keys take turns: globex's two
     do not wait behind all of acme's."""
-    cluster = _cluster(workers=0)
-    cluster.max_parallel_steps = 4
-    cluster.add_worker("big")
-    cluster.max_parallel_steps = 1
-    small = cluster.add_worker("small")
+    cluster, hold = _behind_full_keys(slots=1)
+    small = cluster.workers["small"]
 
     async def scenario() -> Any:
         async with cluster:
-            cluster.draining = {"small"}
-            holding = [
-                Work(tenant=t, name=f"hold-{t}{n}") for t in ("acme", "globex") for n in "01"
-            ]
-            await cluster.start(Calls, Works(works=holding))
-            await cluster.settle()
-            cluster.draining = {"big"}
+            holding = await hold()
             request = Works(
                 works=[*works("acme", 6, block=False), *works("globex", 2, block=False)]
             )
@@ -228,21 +240,12 @@ def test_the_keys_places_of_one_pass_start_in_turn(run, book):
     keys full (their places held on another host). The places free together, and one pass
     takes two of each key: the job's runs that got them are queued one key after the other
     in turn, so the two slots go to acme and globex, not both to acme."""
-    cluster = _cluster(workers=0)
-    cluster.max_parallel_steps = 4
-    cluster.add_worker("big")
-    cluster.max_parallel_steps = 2
-    small = cluster.add_worker("small")
+    cluster, hold = _behind_full_keys(slots=2)
+    small = cluster.workers["small"]
 
     async def scenario() -> Any:
         async with cluster:
-            cluster.draining = {"small"}
-            holding = [
-                Work(tenant=t, name=f"hold-{t}{n}") for t in ("acme", "globex") for n in "01"
-            ]
-            await cluster.start(Calls, Works(works=holding))
-            await cluster.settle()
-            cluster.draining = {"big"}
+            holding = await hold()
             request = Works(works=[*works("acme", 2), *works("globex", 2)])
             job_id = (await cluster.start(Calls, request)).job_id
             await cluster.settle()
