@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,15 +65,20 @@ def map_spin(n: int) -> int:
 class NoopFanOut(Job[BenchRequest], name="choreography.bench.fan-out"):
     keep_after_completed = True  # the benchmark reads the step outcomes back
 
-    def prepare_steps(self, request: BenchRequest) -> list[StepDetails]:
+    def prepare_steps(self, request: BenchRequest) -> Iterable[StepDetails]:
         return [self.create_step(NoopStep, NoopItem(n=n)) for n in range(request.steps)]
 
 
 class NoopFanOutInBackground(NoopFanOut, name="choreography.bench.fan-out-background"):
     """The fan-out that `start()` returns from once the job and its plan are durable, its steps
-    prepared behind it: how a job of a million steps is started (`benchmarks/scale.py`)."""
+    prepared behind it: how a job of a million steps is started (`benchmarks/scale.py`). Its
+    steps come from a generator, as docs/planning.md advises for large plans: a list of a
+    million steps would hold about 300 MB in the controller host before planning begins."""
 
     start_steps_in_background = True
+
+    def prepare_steps(self, request: BenchRequest) -> Iterable[StepDetails]:
+        return (self.create_step(NoopStep, NoopItem(n=n)) for n in range(request.steps))
 
 
 @dataclass

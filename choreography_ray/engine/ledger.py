@@ -167,12 +167,12 @@ class StepLedger:
 
     # -- the plan and the stages ----------------------------------------------------------------
 
-    def index(self, steps: Iterable[tuple[str, int, str, str]]) -> None:
-        """Know the job's steps as (id, stage, name, type), from its plan or from storage."""
-        self._stage_steps = stage_steps = dict[int, list[str]]()
-        self._types = types = StepTypes()
-        others = types.others
-        stage_of, names = self._stage_of, self._names
+    def index(self, steps: Iterable[tuple[str, int, str, str]], *, more: bool = False) -> None:
+        """Know the job's steps as (id, stage, name, type), from its plan (`more`: a next part)."""
+        if not more:
+            self._stage_steps, self._types = {}, StepTypes()
+        stage_steps, types = self._stage_steps, self._types
+        others, stage_of, names = types.others, self._stage_of, self._names
         for step_id, stage, name, step_type in steps:
             stage_steps.setdefault(stage, []).append(step_id)
             stage_of[step_id] = stage

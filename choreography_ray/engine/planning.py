@@ -35,19 +35,31 @@ returned rather than reading it back from the plan's JSON (it saves about 3 µs 
 larger plan lets the requests go once planned: a million of them hold about 450 MB."""
 
 
-def build_plan(
+@dataclass(frozen=True)
+class StoredPlan:
+    """A plan too large to hold whole: saved a part at a time as it was built, and read back
+    from plan storage a part at a time to prepare its steps."""
+
+    incarnation: int
+
+
+Plan = list[PlannedStep] | StoredPlan
+"""A job's plan as its start or recovery prepares it: held whole, or in plan storage."""
+
+
+def plan_parts(
     details: Iterable[Any], registry: TypeRegistry, originals: dict[str, BaseModel] | None = None
-) -> list[PlannedStep]:
-    """The plan of `details`, checked; raises `InvalidPlan` with a reason a person can act on.
+) -> Iterator[list[PlannedStep]]:
+    """The plan of `details`, checked, `PLAN_CHUNK` entries at a time; raises `InvalidPlan`
+    with a reason a person can act on when it reaches the entry at fault.
 
     Requests are written and checked in batches per class (`TypeRegistry.dump_requests`):
     a plan of 100,000 steps is checked in a few calls rather than 100,000 round trips.
     `details` is what `prepare_steps` returned (a list, or any iterable: a generator is drawn
     a chunk at a time), each entry checked to be a `StepDetails`. It is consumed: a list's
     entries are cleared chunk by chunk once planned, so what the steps were planned from never
-    exists beside the whole plan. `originals`, when given, gets each step's request by step id
+    exists beside the plan. `originals`, when given, gets each step's request by step id
     for plans of up to `ORIGINALS_KEPT` steps; a longer plan leaves it empty."""
-    plan: list[PlannedStep] = []
     seen: set[str] = set()
     names: dict[type, str] = {}  # a plan of thousands of steps has a handful of step types
     fields = {"step_id", "stage", "step_type", "name", "request"}
@@ -75,7 +87,7 @@ def build_plan(
                 names[detail.step_type] = step_name
             checked.append((detail, step_name))
         if not checked:
-            return plan
+            return
         try:
             payloads = registry.dump_requests([detail.request for detail, _ in checked])
         except ChoreographyError:
@@ -91,7 +103,7 @@ def build_plan(
             else:
                 originals.clear()
                 originals = None
-        plan.extend(
+        yield [
             trusted_sharing(
                 PlannedStep,
                 fields,
@@ -104,8 +116,19 @@ def build_plan(
                 },
             )
             for (detail, step_name), payload in zip(checked, payloads, strict=True)
-        )
+        ]
         del checked, payloads
+
+
+def draw(parts: Iterator[list[PlannedStep]], at_most: int) -> tuple[list[PlannedStep], bool]:
+    """The plan's first parts, until they hold more than `at_most` entries or the plan ends;
+    and whether parts may remain (then the plan is saved and prepared a part at a time)."""
+    plan: list[PlannedStep] = []
+    for part in parts:
+        plan.extend(part)
+        if len(plan) > at_most:
+            return plan, True
+    return plan, False
 
 
 def _consumed(details: Iterable[Any]) -> Iterator[Any]:

@@ -14,11 +14,12 @@ from ..jobs.errors import (
     StartJobError,
     UnreadableStepsError,
 )
-from ..jobs.state import JobStepProgress, PlannedStep, StatusChange
+from ..jobs.state import JobStepProgress, StatusChange
 from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import PREPARE_BATCH, ActivationCore
 from .outcomes import Outcomes
+from .planning import Plan, StoredPlan
 from .record import save_all
 from .recount import Recount
 from .stages import Stages
@@ -88,20 +89,20 @@ class Resuming:
 
     async def _resume_preparation(self) -> ResumeJobSuccess:
         record = self.record
-        plan = await self._load_plan()
+        plan = await self._indexed_plan()
         if plan is None:
             raise ResumeJobFailed(
                 "the job has no saved plan: it was interrupted before its plan was saved; "
                 "remove it and start it again",
                 code=CannotResumeJobError.MISSING_STEP_PLAN,
             )
-        self.starting.index_plan(plan)
-        if not record.state.progress.total_steps and plan:
-            record.state.progress = counting.planned(self.core.ledger.stage_sizes())
+        sizes = self.core.ledger.stage_sizes()
+        if not record.state.progress.total_steps and sizes:
+            record.state.progress = counting.planned(sizes)
         if record.state.status == JobStatus.PREPARING_JOB:
             record.change(JobStatus.PREPARING_STEPS)
             await record.save()
-        if not plan:
+        if not sizes:
             await self.outcomes.complete_safely()
             return ResumeJobSuccess.JOB_IS_COMPLETED
         stored = await self._all_steps(self.core.ctx.storage.steps.get_all_for_job(self.core.id))
@@ -129,16 +130,22 @@ class Resuming:
                 code=CannotResumeJobError.UNREADABLE_STEPS,
             ) from error
 
-    async def _load_plan(self) -> list[PlannedStep] | None:
+    async def _indexed_plan(self) -> Plan | None:
+        """The saved plan, its steps told to the ledger; a plan stored apart is read a part
+        at a time here and again as its steps are prepared, never held whole."""
         state = self.record.state
         if state.plan is not None:
-            return list(state.plan)
-        if state.has_stored_step_plan and state.stored_step_plan_incarnation:
-            plans = self.core.ctx.storage.plans
-            if plans is None:
-                return None
-            return await plans.load_plan(self.core.id, state.stored_step_plan_incarnation)
-        return None
+            plan = list(state.plan)
+            self.starting.index_plan(plan)
+            return plan
+        plans = self.core.ctx.storage.plans
+        incarnation = state.stored_step_plan_incarnation
+        if not (state.has_stored_step_plan and incarnation) or plans is None:
+            return None
+        self.starting.index_plan([])
+        async for part in plans.plan_parts(self.core.id, incarnation):
+            self.starting.index_plan(part, more=True)
+        return StoredPlan(incarnation)
 
     async def rerun(self, step_ids: Sequence[str] | None) -> tuple[str, ...]:
         """Run the job's failed steps again (every one, or those of `step_ids`) under their

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,21 @@ from ..jobs.job import StepDetails
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobStepState, PlannedStep
 from ..jobs.status import JobStatus
+from ..storage.protocols import StepPlanStorage
 from . import progress as counting
 from .activation import PREPARE_BATCH, ActivationCore, JobStartResult
 from .context import error_messages, maybe_await
 from .outcomes import Outcomes
-from .planning import InvalidPlan, build_plan, plan_exceeds, plan_size
+from .planning import (
+    ORIGINALS_KEPT,
+    InvalidPlan,
+    Plan,
+    StoredPlan,
+    draw,
+    plan_exceeds,
+    plan_parts,
+    plan_size,
+)
 from .record import Released
 from .stages import Stages
 
@@ -121,20 +131,16 @@ class Starting:
         try:
             if steps is None:
                 steps = await maybe_await(self.core.job.prepare_steps(request))
-            plan = build_plan(steps, registry, originals)  # consumes steps
+            parts = plan_parts(steps, registry, originals)  # consumes steps
+            del steps
+            self._originals = originals
+            plan = await self._save_plan(parts)
+        except Released:
+            return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except InvalidPlan as invalid:
             return await self.fail(invalid.reason, StartJobError.INVALID_STEP_PLAN)
         except InvalidRequestError as error:  # an item a step function cannot take
             return await self.fail(error, StartJobError.INVALID_STEP_PLAN)
-        except Exception as error:
-            return await self.fail(error, StartJobError.UNKNOWN)
-        del steps
-        self._originals = originals
-
-        try:
-            await self._save_plan(plan)
-        except Released:
-            return JobStartResult(self.id, StartJobError.UNKNOWN, "the job could not be written")
         except Exception as error:
             return await self.fail(error, StartJobError.UNKNOWN)
         if not plan:
@@ -145,7 +151,7 @@ class Starting:
             return JobStartResult(self.id)
         return await self.prepare_and_run(plan, existing=set(), clean_start=True)
 
-    async def _continue_in_background(self, plan: list[PlannedStep]) -> None:
+    async def _continue_in_background(self, plan: Plan) -> None:
         async with self.core.turn:
             if self.record.released or self.record.state.status != JobStatus.PREPARING_STEPS:
                 return
@@ -158,15 +164,22 @@ class Starting:
                     result.reason,
                 )
 
-    def index_plan(self, plan: list[PlannedStep]) -> None:
-        self.ledger.index((step.step_id, step.stage, step.name, step.step_type) for step in plan)
+    def index_plan(self, plan: list[PlannedStep], *, more: bool = False) -> None:
+        """Tell the ledger the plan's steps; `more`: a later part of a plan being indexed."""
+        self.ledger.index(
+            ((step.step_id, step.stage, step.name, step.step_type) for step in plan), more=more
+        )
 
-    async def _save_plan(self, plan: list[PlannedStep]) -> None:
-        """Save the complete plan and move to PreparingSteps, inline or in plan storage."""
+    async def _save_plan(self, parts: Iterator[list[PlannedStep]]) -> Plan:
+        """Save the complete plan and move to PreparingSteps, inline or in plan storage.
+
+        A plan of up to `ORIGINALS_KEPT` steps is held whole until its steps are prepared. A
+        larger one is saved as it is built, a part at a time, and each part is let go once
+        saved: a plan of a million steps never exists whole in memory (its steps are then
+        prepared from plan storage). Where it cannot be stored apart, it is held whole."""
         record = self.record
         state = record.state
-        self.index_plan(plan)
-        state.progress = counting.planned(self.ledger.stage_sizes())
+        plan, more = draw(parts, ORIGINALS_KEPT)
         ctx = self.core.ctx
         plans = ctx.storage.plans
         limit = ctx.options.max_inline_step_plan_size
@@ -175,16 +188,24 @@ class Starting:
         held_inline = False
         if external and ctx.plans_apart is not None and not await ctx.plans_apart(state.type):
             external, held_inline = False, True  # a host of an older release could not read it
+        if more and not external:
+            plan.extend(planned for part in parts for planned in part)
+            more = False
+        self.index_plan(plan)
+        saved: Plan = plan
         if external:
             assert plans is not None
             incarnation = (state.stored_step_plan_incarnation or 0) + 1
             state.stored_step_plan_incarnation = incarnation
             await record.save()  # the fence: the incarnation is durable before any plan record
             await plans.save_plan(self.id, incarnation, plan)
+            if more:
+                saved = await self._save_parts(plans, incarnation, plan, parts)
             state.has_stored_step_plan = True
             state.plan = None
         else:
             state.plan = plan
+        state.progress = counting.planned(self.ledger.stage_sizes())
         record.change(JobStatus.PREPARING_STEPS)
         try:
             await record.save()
@@ -198,13 +219,32 @@ class Starting:
                 f"of an older release runs job type {state.type!r}, and the record could not "
                 f"be written with it: {error}"
             ) from error
+        return saved
+
+    async def _save_parts(
+        self,
+        plans: StepPlanStorage,
+        incarnation: int,
+        head: list[PlannedStep],
+        parts: Iterator[list[PlannedStep]],
+    ) -> StoredPlan:
+        """Save the rest of a plan whose `head` is saved, a part at a time as it is built."""
+        position = len(head)
+        head.clear()
+        for part in parts:
+            self.index_plan(part, more=True)
+            await plans.append_plan(self.id, incarnation, position, part)
+            position += len(part)
+            await asyncio.sleep(0)  # a SQLite part is written inline: let the loop answer
+        return StoredPlan(incarnation)
 
     async def fail(self, error: BaseException | str, code: StartJobError) -> JobStartResult:
         """Write the job Failed with the reason and without its plan."""
         record = self.record
         state = record.state
         reason = error if isinstance(error, str) else "; ".join(error_messages(error))
-        incarnation = state.stored_step_plan_incarnation if state.has_stored_step_plan else None
+        # Also a plan of this incarnation partly saved, when building its later parts failed.
+        incarnation = state.stored_step_plan_incarnation
         state.plan = None
         state.has_stored_step_plan = False
         record.change(JobStatus.FAILED, error)
@@ -219,16 +259,14 @@ class Starting:
         return JobStartResult(self.id, code, reason)
 
     async def prepare_and_run(
-        self, plan: list[PlannedStep], existing: set[str], *, clean_start: bool
+        self, plan: Plan, existing: set[str], *, clean_start: bool
     ) -> JobStartResult:
         """Prepare every planned step not in `existing`, then enter Running and dispatch."""
         if clean_start and not self.core.ctx.options.worker_wait_timeout:
             try:
                 # The placement spec's first moment: no worker qualifies as steps are prepared.
                 await self.core.ctx.dispatcher.check_placement(
-                    self.core.ctx.key,
-                    self.record.state.type,
-                    list(dict.fromkeys(step.step_type for step in plan)),
+                    self.core.ctx.key, self.record.state.type, self.ledger.types.names()
                 )
             except NoEligibleJobWorker as error:
                 return await self.fail(error, StartJobError.UNKNOWN)
@@ -261,7 +299,7 @@ class Starting:
             return await self.fail(error, StartJobError.UNKNOWN)
         return await self._enter_running(resuming=not clean_start)
 
-    async def _prepare_steps(self, plan: list[PlannedStep], existing: set[str]) -> str | None:
+    async def _prepare_steps(self, plan: Plan, existing: set[str]) -> str | None:
         """Prepare and store every planned step not stored yet. Returns a failure reason.
 
         On a clean start the requests `prepare_steps` returned are used as they are (the plan
@@ -271,12 +309,7 @@ class Starting:
         originals, self._originals = self._originals, {}
         steps: dict[str, Any] = {}
         batch: list[JobStepState] = []
-        # A plan stored apart is this preparation's own list: each entry goes once prepared.
-        owned = self.record.state.plan is not plan
-        for index in range(len(plan)):
-            planned = plan[index]
-            if owned:
-                plan[index] = None  # type: ignore[call-overload]
+        async for index, planned in self._entries(plan):
             if planned.step_id in existing:
                 continue
             try:
@@ -319,6 +352,26 @@ class Starting:
         if batch:
             await self._store_prepared(batch)
         return None
+
+    async def _entries(self, plan: Plan) -> AsyncIterator[tuple[int, PlannedStep]]:
+        """The plan's entries with their positions: from plan storage a part at a time, or
+        from the list held, each let go once handed out when the list is this start's own (a
+        plan stored apart; an inline plan is the job record's)."""
+        if isinstance(plan, StoredPlan):
+            plans = self.core.ctx.storage.plans
+            assert plans is not None
+            position = 0
+            async for part in plans.plan_parts(self.id, plan.incarnation):
+                for planned in part:
+                    yield position, planned
+                    position += 1
+            return
+        owned = self.record.state.plan is not plan
+        for index in range(len(plan)):
+            planned = plan[index]
+            if owned:
+                plan[index] = None  # type: ignore[call-overload]
+            yield index, planned
 
     async def _store_prepared(self, batch: list[JobStepState]) -> None:
         counters = self.core.counters

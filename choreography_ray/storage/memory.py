@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -29,7 +29,7 @@ from .codec import (
     check_job_key,
 )
 from .job_order import JobOrder
-from .protocols import JobQuery, JobsStorage, StepCounts, StorageCapabilities
+from .protocols import PLAN_PART, JobQuery, JobsStorage, StepCounts, StorageCapabilities
 from .provider import StorageProvider
 from .step_query import StepKey, StepPage, StepQuery, changed_micros, matches, select_page
 from .url import StorageURL
@@ -412,11 +412,31 @@ class MemoryStepPlanStorage(_Base):
         with self._lock:
             self._p.plans[(job_id, incarnation)] = documents
 
-    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
+    async def append_plan(
+        self, job_id: str, incarnation: int, position: int, steps: Sequence[PlannedStep]
+    ) -> None:
         check_id(job_id, "job id")
+        documents = [self._codec.encode_planned(planned) for planned in steps]
         with self._lock:
-            documents = list(self._p.plans.get((job_id, incarnation), ()))
-        return [self._codec.decode_planned(document) for document in documents]
+            stored = self._p.plans.setdefault((job_id, incarnation), [])
+            del stored[position:]
+            stored.extend(documents)
+
+    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
+        return [planned async for part in self.plan_parts(job_id, incarnation) for planned in part]
+
+    async def plan_parts(self, job_id: str, incarnation: int) -> AsyncIterator[list[PlannedStep]]:
+        check_id(job_id, "job id")
+        position = 0
+        while True:
+            with self._lock:
+                documents = self._p.plans.get((job_id, incarnation), [])[
+                    position : position + PLAN_PART
+                ]
+            if not documents:
+                return
+            position += len(documents)
+            yield [self._codec.decode_planned(document) for document in documents]
 
     async def delete_plan(self, job_id: str, incarnation: int) -> int:
         check_id(job_id, "job id")

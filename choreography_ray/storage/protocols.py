@@ -11,7 +11,7 @@ partition.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -248,6 +248,10 @@ class JobStepStorage(Protocol):
         ...
 
 
+PLAN_PART = 10_000
+"""Entries a part of a plan read back (`StepPlanStorage.plan_parts`) holds at most."""
+
+
 @runtime_checkable
 class StepPlanStorage(Protocol):
     """Plans kept apart from the job record, fenced by incarnation."""
@@ -256,8 +260,20 @@ class StepPlanStorage(Protocol):
         """Store the plan in bounded batches, replacing an earlier attempt of this incarnation."""
         ...
 
+    async def append_plan(
+        self, job_id: str, incarnation: int, position: int, steps: Sequence[PlannedStep]
+    ) -> None:
+        """Add `steps` at plan `position` (how many entries were saved before them) to the plan
+        that `save_plan` began: a plan too large to hold whole is saved a part at a time, in
+        order, by the one activation that owns the job. A retry starts again with `save_plan`."""
+        ...
+
     async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
         """The plan of that incarnation, in plan order; empty when none is stored."""
+        ...
+
+    def plan_parts(self, job_id: str, incarnation: int) -> AsyncIterator[list[PlannedStep]]:
+        """The same plan a bounded part at a time, in plan order, read as it is consumed."""
         ...
 
     async def delete_plan(self, job_id: str, incarnation: int) -> int:

@@ -33,7 +33,7 @@ from ..storage.protocols import JobsStorage
 
 JOB_WRITES = ("save", "remove", "remove_terminal")
 STEP_WRITES = ("save", "save_many", "remove", "remove_all_for_job", "remove_all_non_failed_for_job")
-PLAN_WRITES = ("save_plan", "delete_plan")
+PLAN_WRITES = ("save_plan", "append_plan", "delete_plan")
 
 
 @dataclass

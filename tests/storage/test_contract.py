@@ -33,6 +33,7 @@ from choreography_ray.jobs import (
     VersionConflictError,
 )
 from choreography_ray.storage import JobQuery, StepCounts
+from choreography_ray.storage.protocols import PLAN_PART
 
 from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
@@ -933,6 +934,38 @@ def test_a_plan_of_ten_thousand_steps_round_trips(run, plans):
     plan = _plan(10_000)
     run(plans.save_plan("job", 3, plan))
     assert run(plans.load_plan("job", 3)) == plan
+
+
+def test_a_plan_saved_in_parts_reads_back_in_bounded_parts_in_order(run, plans):
+    """A plan too large to hold whole is saved a part at a time and read a part at a time."""
+    plan = _plan(PLAN_PART + 2_500)
+    run(plans.save_plan("job", 2, plan[:PLAN_PART]))
+    run(plans.append_plan("job", 2, PLAN_PART, plan[PLAN_PART : PLAN_PART + 2_000]))
+    run(plans.append_plan("job", 2, PLAN_PART + 2_000, plan[PLAN_PART + 2_000 :]))
+    parts = run(_parts(plans, "job", 2))
+    assert [len(part) for part in parts] == [PLAN_PART, 2_500]
+    assert [planned for part in parts for planned in part] == plan
+    assert run(plans.load_plan("job", 2)) == plan
+    assert run(plans.stored_plans(take=10)) == [("job", 2)]
+    assert run(plans.delete_plan("job", 2)) == len(plan)
+    assert run(_parts(plans, "job", 2)) == []
+
+
+def test_a_part_appended_again_replaces_its_interrupted_attempt(run, plans):
+    """A part whose write is retried after a lost answer leaves one copy of each entry."""
+    plan = _plan(3_000)
+    run(plans.save_plan("job", 1, plan[:1_000]))
+    run(plans.append_plan("job", 1, 1_000, plan[1_000:2_000]))
+    run(plans.append_plan("job", 1, 1_000, plan[1_000:2_000]))
+    run(plans.append_plan("job", 1, 2_000, plan[2_000:]))
+    assert run(plans.load_plan("job", 1)) == plan
+    retry = _plan(2, "again")
+    run(plans.save_plan("job", 1, retry))  # the whole plan saved again starts from nothing
+    assert run(plans.load_plan("job", 1)) == retry
+
+
+async def _parts(plans, job_id, incarnation):
+    return [part async for part in plans.plan_parts(job_id, incarnation)]
 
 
 def test_a_large_plan_is_listed_once_and_deleted_whole(run, plans):

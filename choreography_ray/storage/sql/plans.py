@@ -3,18 +3,21 @@
 A row holds `PLAN_CHUNK` consecutive entries as one JSON array rather than one entry per row:
 a million-step plan is a thousand rows, written about as fast as the one inline record it
 replaces, without a record of a hundred megabytes that every save of the job would rewrite and
-every read of it would carry (docs/decisions.md).
+every read of it would carry (docs/decisions.md). A row's `chunk` is the plan position of its
+first entry (earlier releases numbered rows 0, 1, 2...; both read back in order), so a part
+appended later needs no count of the rows before it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 
 from ...jobs.state import PlannedStep
 from ..codec import check_id
+from ..protocols import PLAN_PART
 from .base import SqlRecords
 from .schema import plans_table
 
@@ -24,22 +27,43 @@ PLAN_CHUNK = 1000
 _INSERT_ROWS = 50
 """Rows encoded and inserted at a time: a plan is never held encoded whole."""
 
+_READ_ROWS = PLAN_PART // PLAN_CHUNK
+"""Rows read at a time by `plan_parts`."""
+
 
 class SqlStepPlanStorage(SqlRecords):
     async def save_plan(self, job_id: str, incarnation: int, steps: Sequence[PlannedStep]) -> None:
         """Replace this incarnation's plan, in one transaction: an earlier (possibly partial)
         attempt is deleted first, so a retry leaves exactly one copy."""
         check_id(job_id, "job id")
-        await self._run(self._save, job_id, incarnation, steps)
+        await self._run(self._save, job_id, incarnation, 0, steps, True)
 
-    def _save(self, job_id: str, incarnation: int, steps: Sequence[PlannedStep]) -> None:
+    async def append_plan(
+        self, job_id: str, incarnation: int, position: int, steps: Sequence[PlannedStep]
+    ) -> None:
+        """In one transaction, after deleting what an earlier attempt of this part left."""
+        check_id(job_id, "job id")
+        await self._run(self._save, job_id, incarnation, position, steps, False)
+
+    def _save(
+        self,
+        job_id: str,
+        incarnation: int,
+        position: int,
+        steps: Sequence[PlannedStep],
+        replace: bool,
+    ) -> None:
         scope, namespace = self.key.scope, self.key.namespace
         encode = self._codec.encode_plan_chunk
         statement = insert(plans_table)
         with self.provider.transaction(defer_checkpoint=True) as connection:
-            connection.execute(self._this(delete(plans_table), job_id, incarnation))
+            # Replace: an earlier attempt of the whole plan; append: one of this part only.
+            earlier = self._this(delete(plans_table), job_id, incarnation)
+            if not replace:
+                earlier = earlier.where(plans_table.c.chunk >= position)
+            connection.execute(earlier)
             rows: list[dict[str, Any]] = []
-            for chunk, start in enumerate(range(0, len(steps), PLAN_CHUNK)):
+            for start in range(0, len(steps), PLAN_CHUNK):
                 entries = steps[start : start + PLAN_CHUNK]
                 rows.append(
                     {
@@ -47,7 +71,7 @@ class SqlStepPlanStorage(SqlRecords):
                         "namespace": namespace,
                         "job_id": job_id,
                         "incarnation": incarnation,
-                        "chunk": chunk,
+                        "chunk": position + start,
                         "steps": len(entries),
                         "entries": encode(entries),
                     }
@@ -59,19 +83,31 @@ class SqlStepPlanStorage(SqlRecords):
                 connection.execute(statement, rows)
 
     async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
-        check_id(job_id, "job id")
-        rows = await self._run(self._load, job_id, incarnation)
-        plan: list[PlannedStep] = []
-        for entries in rows:
-            plan.extend(self._codec.decode_plan_chunk(entries))
-        return plan
+        return [planned async for part in self.plan_parts(job_id, incarnation) for planned in part]
 
-    def _load(self, job_id: str, incarnation: int) -> list[str]:
-        statement = self._this(select(plans_table.c.entries), job_id, incarnation).order_by(
-            plans_table.c.chunk
+    async def plan_parts(self, job_id: str, incarnation: int) -> AsyncIterator[list[PlannedStep]]:
+        check_id(job_id, "job id")
+        after = -1
+        while True:
+            rows = await self._run(self._load, job_id, incarnation, after)
+            if not rows:
+                return
+            after = rows[-1][0]
+            part: list[PlannedStep] = []
+            for _, entries in rows:
+                part.extend(self._codec.decode_plan_chunk(entries))
+            yield part
+
+    def _load(self, job_id: str, incarnation: int, after: int) -> list[tuple[int, str]]:
+        c = plans_table.c
+        statement = (
+            self._this(select(c.chunk, c.entries), job_id, incarnation)
+            .where(c.chunk > after)
+            .order_by(c.chunk)
+            .limit(_READ_ROWS)
         )
         with self.provider.autocommit() as connection:
-            return [row[0] for row in connection.execute(statement)]
+            return [(int(row[0]), row[1]) for row in connection.execute(statement)]
 
     async def delete_plan(self, job_id: str, incarnation: int) -> int:
         check_id(job_id, "job id")
