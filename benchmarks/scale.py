@@ -61,11 +61,17 @@ def _rss_mb(pid: int) -> float | None:
 
 
 def host_pids(namespace: str) -> dict[str, int]:
-    """The process id of this node's controller and first worker host."""
+    """The process id of this node's controller host and of each of its worker hosts (one per
+    CPU by default): "controller", "worker", "worker 2", ..."""
     node = ray.get_runtime_context().get_node_id()
+    names = [("controller", controller_name(node))]
+    names += [(f"worker {i + 1}" if i else "worker", worker_name(node, i)) for i in range(16)]
     pids = {}
-    for role, name in (("controller", controller_name(node)), ("worker", worker_name(node, 0))):
-        handle = ray.get_actor(name, namespace=namespace)
+    for role, name in names:
+        try:
+            handle = ray.get_actor(name, namespace=namespace)
+        except ValueError:  # no such host: the node runs fewer
+            break
         pids[role] = ray.get(handle.__ray_call__.remote(lambda _self: os.getpid()))
     return pids
 
@@ -275,11 +281,11 @@ def _plot(run: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    for role in ("controller", "worker"):
+    for role in run["peaks"]:
         points = [(t, s[role]) for t, s in run["samples"] if role in s]
         ax.plot([t for t, _ in points], [v for _, v in points], label=f"{role} host")
-    ax.axhline(1536, color="C0", linestyle=":", label="controller target (1.5 GB)")
-    ax.axhline(1024, color="C1", linestyle=":", label="worker target (1 GB)")
+    ax.axhline(500, color="C0", linestyle=":", label="controller target (500 MB)")
+    ax.axhline(300, color="C1", linestyle=":", label="worker target (300 MB)")
     ax.set_xlabel("seconds since start()")
     ax.set_ylabel("resident memory (MB)")
     ax.set_title(f"One job of {run['steps']:,} no-op steps, SQLite, local Ray")
