@@ -148,7 +148,7 @@ async def dispatch_latencies(
     """Per job, each step's seconds from the job's dispatch (its Running status) to the
     step's outcome, read from storage."""
     from .jobs.options import JobsOptions
-    from .runtime.remote_storage import open_cluster_storage
+    from .runtime.cluster_storage import open_cluster_storage
 
     provider = open_cluster_storage(
         storage_url, namespace=namespace, modules=[__name__], options=JobsOptions()

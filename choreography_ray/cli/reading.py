@@ -84,7 +84,7 @@ def read_cluster(
             imported(["choreography_ray.demo", *(modules or [])])  # the demo's types read
             return local()  # imports no Ray
         imported(modules or [])
-        from ..console.ray_cluster import storage_of
+        from ..runtime.cluster_storage import storage_of
         from ..runtime.control_store import reach
 
         store = None if join else reach(address)

@@ -13,21 +13,18 @@ from typing import Any
 
 import ray
 
-from ..jobs.errors import ConfigurationError
 from ..jobs.options import JobsOptions
 from ..jobs.registry import default_registry
+from ..runtime.cluster_storage import storage_of
 from ..runtime.config import (
     ClusterConfig,
-    check_same_storage,
-    import_modules,
     read_config,
     require_config,
 )
 from ..runtime.constants import CONTROLLER_PREFIX, WORKER_PREFIX
 from ..runtime.directory import actor_names
 from ..runtime.node_hosts import facts_of, roles_of
-from ..runtime.packages import PackageFetch, fetch_joined
-from ..runtime.remote_storage import open_cluster_storage
+from ..runtime.packages import fetch_joined
 from ..storage.provider import StorageProvider
 from .ports import ClusterSnapshot, HostView, NodeView, StepRates
 
@@ -46,21 +43,6 @@ def cluster_storage(
     records read; `storage`, when given, must be the cluster's own."""
     config = require_config(namespace)
     return storage_of(config, namespace, storage, fetch_joined), config
-
-
-def storage_of(
-    config: ClusterConfig, namespace: str, storage: str | None, fetch: PackageFetch
-) -> StorageProvider:
-    """The provider of the storage `config` names, with its job modules imported so their
-    records read (from the packages they were submitted with, through `fetch`, when this
-    process lacks them); `storage`, when given, must be that one."""
-    check_same_storage(config, storage)
-    _, failed = import_modules(config.modules, packages=config.packages, fetch=fetch, quiet=True)
-    if failed:
-        raise ConfigurationError(f"cannot import the cluster's job modules: {'; '.join(failed)}")
-    return open_cluster_storage(
-        config.storage, namespace=namespace, modules=config.modules, options=config.jobs_options()
-    )
 
 
 class RayClusterView:

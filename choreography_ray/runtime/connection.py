@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,7 +27,6 @@ from ..jobs.errors import (
 )
 from ..jobs.options import JobsOptions
 from ..jobs.state import JobKey
-from ..storage.url import redact
 from .arguments import check_connect_arguments
 from .client import Jobs
 from .config import (
@@ -45,12 +43,8 @@ from .constants import NAMESPACE
 from .packages import runtime_packages
 from .placement import roles_of_node as roles_of_node  # one node's roles: a node that joins
 from .placement import start_hosts, stop_hosts
+from .reachability import auth_message, check_reachable
 from .remote import first_line, last_raised, project_error
-
-AUTH_HINT = (
-    "set RAY_AUTH_MODE=token (the token comes from ~/.ray/auth_token, RAY_AUTH_TOKEN or "
-    "RAY_AUTH_TOKEN_PATH)"
-)
 
 
 def connect(
@@ -235,30 +229,6 @@ def init_ray(
         ) from None
 
 
-def check_reachable(address: str | None, timeout: float = 3.0) -> str | None:
-    """Fail fast, with a clear message, when a cluster address refuses connections; the GCS
-    address to check authentication against, for a "host:port" address.
-
-    Ray itself keeps retrying an unreachable head for minutes before it gives up.
-    """
-    if not address or address == "auto" or address.startswith("local"):
-        return None
-    target = address.removeprefix("ray://")
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigurationError(
-            f"cluster address {address!r} is not 'auto', 'host:port' or 'ray://host:port'"
-        )
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except OSError as error:
-        raise ClusterUnreachableError(
-            f"cannot reach the Ray cluster at {address!r}: {error}"
-        ) from None
-    return None if address.startswith("ray://") else target
-
-
 def _check_authenticated(gcs_address: str, address: str) -> None:
     """Ask the cluster's GCS once whether it lets this process in.
 
@@ -293,17 +263,6 @@ def is_authentication_failure(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def auth_message(address: str | None) -> str:
-    mode = os.environ.get("RAY_AUTH_MODE", "disabled")
-    where = f" at {redact(address)!r}" if address else ""
-    if mode.lower() == "token":
-        return (
-            f"the Ray cluster{where} refused this process's authentication token; set the "
-            "cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
-        )
-    return f"the Ray cluster{where} uses token authentication: {AUTH_HINT}"
 
 
 @contextlib.contextmanager

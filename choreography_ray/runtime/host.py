@@ -18,11 +18,12 @@ from ..jobs.registry import TypeKind, default_registry
 from ..placement.capability import HostAdvert
 from ..recovery.retries import Startup
 from .adverts import advertised_capabilities, node_of, write_advert
+from .cluster_storage import open_cluster_storage
 from .config import import_modules
 from .directory import RayDirectory
 from .fence import ray_fence
 from .host_process import cluster_config, configure_logging, tune_gc
-from .remote_storage import RemoteMemoryStorage, open_cluster_storage
+from .remote_storage import RemoteMemoryStorage
 from .routes import Routes
 
 

@@ -185,13 +185,3 @@ class RemoteMemoryStorage(StorageProvider):
             steps=_Forward(self.actor, key, "steps", bound),
             plans=_Forward(self.actor, key, "plans", bound),
         )
-
-
-def open_cluster_storage(
-    url: str, *, namespace: str, modules: list[str], options: JobsOptions
-) -> StorageProvider:
-    """The provider a host uses for the cluster's storage URL."""
-    parsed = StorageURL(url)
-    if parsed.scheme == "memory":
-        return RemoteMemoryStorage(parsed, namespace=namespace, modules=modules, options=options)
-    return open_storage(parsed, options=options)

@@ -232,7 +232,7 @@ def test_a_driver_that_exits_leaves_its_job_for_the_next_one(jobs):
 def test_step_records_hold_every_outcome(jobs):
     import asyncio
 
-    from choreography_ray.runtime.remote_storage import open_cluster_storage
+    from choreography_ray.runtime.cluster_storage import open_cluster_storage
 
     job_id = jobs.start(FanOutJob, FanOut(steps=10, fail=[0]))
     jobs.wait(job_id, timeout=60)
