@@ -22,6 +22,15 @@ from .ray_jobs import FanOut, FanOutJob, gate
 
 runner = CliRunner()
 DATABASE: Path
+REPORTS_RAY = (
+    "import sys\n"
+    "from choreography_ray.cli import main\n"
+    "try:\n"
+    "    main()\n"
+    "finally:\n"
+    "    print('ray imported' if 'ray' in sys.modules else '', file=sys.stderr)\n"
+)
+"""`choreography` with its arguments, saying at the end whether it imported Ray."""
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +87,8 @@ def test_jobs_show_names_the_nodes_whose_imports_failed(jobs, monkeypatch):
 
 def test_reading_commands_read_the_control_store_and_storage_without_joining_the_cluster(jobs):
     """`jobs list`, `jobs show` and `jobs steps` from a new process: each answers without
-    registering a driver with the cluster (joining costs seconds while a big job runs), and a
-    running job's step records are counted from their stored status."""
+    registering a driver with the cluster (joining costs seconds while a big job runs), nor
+    importing Ray, and a running job's step records are counted from their stored status."""
     import ray
     from ray._raylet import GcsClient
 
@@ -90,12 +99,14 @@ def test_reading_commands_read_the_control_store_and_storage_without_joining_the
         drivers = GcsClient(address=gcs).get_all_job_info(timeout=10)
 
         def command(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "choreography_ray.cli", *args, "--address", gcs],
+            done = subprocess.run(
+                [sys.executable, "-c", REPORTS_RAY, *args, "--address", gcs],
                 capture_output=True,
                 text=True,
                 timeout=120,
             )
+            assert "ray imported" not in done.stderr  # half a second of CPU (issue 23)
+            return done
 
         listed = command("jobs", "list", "--wide")
         assert listed.returncode == 0, listed.stderr

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
-from choreography_ray.jobs.errors import ClusterUnreachableError
+from choreography_ray.jobs.errors import (
+    ClusterAuthenticationError,
+    ClusterUnreachableError,
+    ConfigurationError,
+)
+from choreography_ray.placement.capability import HostAdvert
+from choreography_ray.runtime.adverts import ADVERT_PREFIX
+from choreography_ray.runtime.config import ClusterConfig
+from choreography_ray.runtime.constants import CONFIG_KEY
 from choreography_ray.runtime.control_store import ControlStore, control_store_address
 
 
@@ -25,3 +36,160 @@ def test_auto_through_a_ray_client_address_in_the_environment_joins(monkeypatch)
 def test_a_dead_address_is_one_line_at_once_not_forty_seconds_of_retries():
     with pytest.raises(ClusterUnreachableError, match="cannot reach the Ray cluster at"):
         ControlStore("127.0.0.1:1")
+
+
+def test_a_cluster_spoken_to_over_tls_makes_the_command_join(monkeypatch):
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    assert control_store_address("10.0.0.5:6379") is None
+
+
+# -- against a control store that answers as Ray's does (its messages built by Ray's classes) --
+
+NODE_ALIVE, NODE_DEAD = b"\x01" * 28, b"\x02" * 28
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+class FakeControlStore:
+    """Ray's key-value and node services over gRPC, as much as a reading command asks of them;
+    `token` set: a call without it is refused as Ray refuses it."""
+
+    def __init__(self) -> None:
+        self.kv: dict[tuple[bytes, bytes], bytes] = {}
+        self.token: str | None = None
+
+    def handler(self) -> Any:
+        import grpc
+        from ray.core.generated import gcs_pb2
+        from ray.core.generated import gcs_service_pb2 as pb
+
+        def checked(reply: Callable[[bytes], Any]) -> Any:
+            def answer(request: bytes, context: Any) -> bytes:
+                sent = dict(context.invocation_metadata()).get("authorization")
+                if self.token is not None and sent != f"Bearer {self.token}":
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken")
+                return reply(request).SerializeToString()
+
+            return grpc.unary_unary_rpc_method_handler(answer)
+
+        def get(raw: bytes) -> Any:
+            asked = pb.InternalKVGetRequest.FromString(raw)
+            value = self.kv.get((asked.namespace, asked.key))
+            if value is None:
+                missing = pb.InternalKVGetReply()
+                missing.status.code, missing.status.message = 17, "Failed to find the key"
+                return missing
+            return pb.InternalKVGetReply(value=value)
+
+        def keys(raw: bytes) -> Any:
+            asked = pb.InternalKVKeysRequest.FromString(raw)
+            found = [k for ns, k in self.kv if ns == asked.namespace and k.startswith(asked.prefix)]
+            return pb.InternalKVKeysReply(results=found)
+
+        def multi_get(raw: bytes) -> Any:
+            asked = pb.InternalKVMultiGetRequest.FromString(raw)
+            reply = pb.InternalKVMultiGetReply()
+            for key in asked.keys:
+                if (asked.namespace, key) in self.kv:
+                    reply.results.add(key=key, value=self.kv[(asked.namespace, key)])
+            return reply
+
+        def nodes(raw: bytes) -> Any:
+            reply = pb.GetAllNodeInfoReply(total=2)
+            reply.node_info_list.add(node_id=NODE_ALIVE, state=gcs_pb2.GcsNodeInfo.ALIVE)
+            reply.node_info_list.add(node_id=NODE_DEAD, state=gcs_pb2.GcsNodeInfo.DEAD)
+            return reply
+
+        kv = grpc.method_handlers_generic_handler(
+            "ray.rpc.InternalKVGcsService",
+            {
+                "InternalKVGet": checked(get),
+                "InternalKVKeys": checked(keys),
+                "InternalKVMultiGet": checked(multi_get),
+            },
+        )
+        node_info = grpc.method_handlers_generic_handler(
+            "ray.rpc.NodeInfoGcsService", {"GetAllNodeInfo": checked(nodes)}
+        )
+        return kv, node_info
+
+
+@pytest.fixture
+def fake_store():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    fake = FakeControlStore()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers(fake.handler())
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+def _advert(name: str, node: bytes, **fields: Any) -> tuple[tuple[bytes, bytes], bytes]:
+    advert = HostAdvert(name=name, node_id=node.hex(), **fields)
+    return (b"ns", ADVERT_PREFIX + name.encode()), advert.model_dump_json().encode()
+
+
+def test_the_configuration_and_a_package_are_read(fake_store):
+    fake, address = fake_store
+    config = ClusterConfig(storage="sqlite:///jobs.db", modules=["jobs_a"])
+    fake.kv[(b"ns", CONFIG_KEY)] = config.model_dump_json().encode()
+    fake.kv[(b"", b"gcs://_ray_pkg_1.zip")] = b"zip bytes"
+    store = ControlStore(address)
+    assert store.config("ns") == config
+    assert store.package("gcs://_ray_pkg_1.zip") == b"zip bytes"
+    assert store.package("gcs://_ray_pkg_gone.zip") is None
+
+
+def test_a_namespace_without_configuration_says_what_to_run(fake_store):
+    _, address = fake_store
+    with pytest.raises(ConfigurationError, match="no choreography configuration in Ray namespace"):
+        ControlStore(address).config("ns")
+
+
+def test_adverts_are_those_of_hosts_on_live_nodes_that_read(fake_store):
+    fake, address = fake_store
+    fake.kv.update(
+        [
+            _advert("c:alive", NODE_ALIVE, failed_modules={"jobs_a": "boom"}),
+            _advert("w:dead", NODE_DEAD),
+        ]
+    )
+    fake.kv[(b"ns", ADVERT_PREFIX + b"w:garbled")] = b"{not json"
+    fake.kv[(b"other", ADVERT_PREFIX + b"c:elsewhere")] = fake.kv[
+        (b"ns", ADVERT_PREFIX + b"w:dead")
+    ]
+    found = ControlStore(address).adverts("ns")
+    assert list(found) == ["c:alive"]
+    assert found["c:alive"].failed_modules == {"jobs_a": "boom"}
+    assert ControlStore(address).adverts("empty") == {}
+
+
+def test_the_token_goes_with_every_call_as_ray_sends_it(fake_store, monkeypatch, tmp_path):
+    fake, address = fake_store
+    fake.token = TOKEN
+    fake.kv[(b"ns", CONFIG_KEY)] = (
+        ClusterConfig(storage="sqlite:///jobs.db").model_dump_json().encode()
+    )
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ClusterAuthenticationError, match="set RAY_AUTH_MODE=token"):
+        ControlStore(address).config("ns")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
+    with pytest.raises(ClusterAuthenticationError, match="refused this process's"):
+        ControlStore(address).config("ns")
+    (tmp_path / "token").write_text(f"{TOKEN}\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    assert ControlStore(address).adverts("ns") == {}
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "wrong")  # the variable comes before the file
+    with pytest.raises(ClusterAuthenticationError):
+        ControlStore(address).config("ns")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
+    assert ControlStore(address).config("ns").storage == "sqlite:///jobs.db"
