@@ -38,6 +38,7 @@ from choreography_ray.runtime.config import ClusterConfig
 from choreography_ray.runtime.operations import Get, ListJobs, Operation, Remove, Start, Wait
 from choreography_ray.storage import JobQuery, open_storage
 
+from .control_stores import TOKEN, FakeControlStore, serving
 from .ray_jobs import FanOut, FanOutJob
 
 runner = CliRunner()
@@ -437,8 +438,9 @@ def test_a_refused_token_is_told_apart_from_an_unreachable_cluster(monkeypatch):
 
 @pytest.fixture
 def token_cluster(monkeypatch):
-    """A cluster at 10.0.0.1:6379 whose GCS refuses this process's (missing) token, as Ray 2.60
-    refuses it; `ray.init` fails the test, as the refusal must be told before it."""
+    """A cluster whose GCS refuses this process's (missing) token, as Ray 2.60 refuses it: to
+    Ray's client (joining) and over gRPC (the reading commands); `ray.init` fails the test, as
+    the refusal must be told before it."""
     import ray
     import ray._raylet
 
@@ -448,12 +450,15 @@ def token_cluster(monkeypatch):
     def init(**kwargs: Any) -> None:
         raise AssertionError("ray.init was called: Ray retries a refused token for 20 s")
 
+    fake = FakeControlStore()
+    fake.token = TOKEN
     monkeypatch.setattr(ray._raylet, "GcsClient", refusing)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(connection, "check_reachable", lambda address: "10.0.0.1:6379")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    return "10.0.0.1:6379"
+    with serving(fake) as address:  # what the reading commands ask
+        monkeypatch.setattr(connection, "check_reachable", lambda _: address)
+        yield address
 
 
 def test_a_token_cluster_is_told_before_ray_init_by_the_api_and_the_command(token_cluster):
