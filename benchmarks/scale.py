@@ -138,7 +138,9 @@ class Probes:
                 ("jobs list (CLI)", [exe, "jobs", "list", "--address", self.address]),
             ):
                 began = time.perf_counter()
-                subprocess.run(argv, capture_output=True, check=False, timeout=120)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+                if done.returncode:  # a failing command is not a reading to time
+                    raise RuntimeError(f"{label} exited {done.returncode}: {done.stderr.strip()}")
                 self.times[label].append(time.perf_counter() - began)
 
 
