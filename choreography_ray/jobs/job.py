@@ -46,7 +46,7 @@ class StepDetails:
     name: str = ""
 
 
-class _RandomIds:
+class _OrderedIds:
     """Time-ordered step ids: UUID version 7 in hex (milliseconds since the epoch; a 30-bit
     counter that starts at random each millisecond and counts up within it; 44 random bits),
     increasing within a process, from one read of the system's randomness per 1,024 ids.
@@ -85,7 +85,7 @@ class _RandomIds:
         return f"{value:032x}"
 
 
-new_step_id = _RandomIds()
+new_step_id = _OrderedIds()
 """A new step identity (a version-7 UUID in hex: time-ordered, with random bits)."""
 
 

@@ -268,12 +268,9 @@ class StepPlanStorage(Protocol):
         order, by the one activation that owns the job. A retry starts again with `save_plan`."""
         ...
 
-    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
-        """The plan of that incarnation, in plan order; empty when none is stored."""
-        ...
-
     def plan_parts(self, job_id: str, incarnation: int) -> AsyncIterator[list[PlannedStep]]:
-        """The same plan a bounded part at a time, in plan order, read as it is consumed."""
+        """The plan of that incarnation a bounded part at a time, in plan order, read as it is
+        consumed; none when no plan is stored."""
         ...
 
     async def delete_plan(self, job_id: str, incarnation: int) -> int:

@@ -70,27 +70,23 @@ def small_parts(monkeypatch):
     monkeypatch.setattr(starting, "ORIGINALS_KEPT", 4)
 
 
-async def _cluster(parts: PlanParts, **options) -> InProcessCluster:
-    cluster = InProcessCluster(
-        options=JobsOptions(max_inline_step_plan_size=0, max_parallel_steps=4, **options),
+def _cluster(parts: PlanParts) -> InProcessCluster:
+    """Every plan stored apart; entered with `async with`, which initializes and closes it."""
+    return InProcessCluster(
+        options=JobsOptions(max_inline_step_plan_size=0, max_parallel_steps=4),
         wrap_storage=parts.wrap,
     )
-    await cluster.provider.initialize()
-    return cluster
 
 
 def test_a_large_plan_is_saved_a_part_at_a_time_and_never_held_whole(run, script, small_parts):
     parts = PlanParts()
 
     async def scenario():
-        cluster = await _cluster(parts)
-        try:
+        async with _cluster(parts) as cluster:
             result = await cluster.start(ScenarioJob, request(*KEYS))
             final = await cluster.wait(result.job_id)
             steps = await cluster.storage().steps.get_for_job(result.job_id)
             return result, final, steps
-        finally:
-            await cluster.close()
 
     result, final, steps = run(scenario())
     assert result.error is None
@@ -113,12 +109,9 @@ def test_a_plan_of_up_to_the_limit_is_saved_whole_and_prepared_from_memory(
     parts = PlanParts()
 
     async def scenario():
-        cluster = await _cluster(parts)
-        try:
+        async with _cluster(parts) as cluster:
             result = await cluster.start(ScenarioJob, request(*KEYS[:4]))
             return await cluster.wait(result.job_id)
-        finally:
-            await cluster.close()
 
     assert run(scenario()).status == JobStatus.COMPLETED_SUCCESSFULLY
     assert parts.writes == [("save", 0, 4)]
@@ -134,14 +127,11 @@ def test_a_fault_in_a_later_part_fails_the_start_and_deletes_what_was_saved(
     parts = PlanParts()
 
     async def scenario():
-        cluster = await _cluster(parts)
-        try:
+        async with _cluster(parts) as cluster:
             result = await cluster.start(ScenarioJob, request())
             stored = await cluster.storage().jobs.get(result.job_id)
             left = await cluster.storage().plans.stored_plans(take=10)
             return result, stored, left
-        finally:
-            await cluster.close()
 
     result, stored, left = run(scenario())
     assert result.error == StartJobError.INVALID_STEP_PLAN
@@ -156,16 +146,13 @@ def test_recovery_prepares_a_plan_stored_in_parts_a_part_at_a_time(run, script, 
     parts = PlanParts()
 
     async def scenario():
-        cluster = await _cluster(parts)
-        try:
+        async with _cluster(parts) as cluster:
             # Crash before any step is prepared: the job is PreparingSteps with its plan stored.
             result = await cluster.start(BackgroundPlan, request(*KEYS))
             await cluster.crash()
             parts.read_parts.clear()
             await (await cluster.manager().rehydrate())
             return result, await cluster.wait(result.job_id)
-        finally:
-            await cluster.close()
 
     result, final = run(scenario())
     assert result.error is None

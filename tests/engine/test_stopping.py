@@ -31,6 +31,7 @@ from choreography_ray.jobs.step import JobStep, StepCancelled, StepContext
 from choreography_ray.testing import InProcessCluster
 from choreography_ray.testing.faults import WriteFaults
 
+from ..storage.support import whole_plan
 from .fixtures import KeyRequest, KeyResult, KeyState, KeyStep, ScenarioJob, WindowJob, request
 
 
@@ -945,7 +946,7 @@ def test_a_finalized_stop_deletes_the_jobs_stored_plan(run, script):
             await cluster.settle()
             state = await cluster.storage().jobs.get(result.job_id)
             try:
-                plan = await cluster.storage().plans.load_plan(result.job_id, incarnation)
+                plan = await whole_plan(cluster.storage().plans, result.job_id, incarnation)
             except Exception:
                 plan = None
             return incarnation, state, plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from choreography_ray.jobs.job import _RandomIds, new_step_id
+from choreography_ray.jobs.job import _OrderedIds, new_step_id
 
 
 def test_new_step_ids_are_distinct_version_7_uuids_in_hex_in_increasing_order():
@@ -23,7 +23,7 @@ def test_new_step_ids_are_distinct_version_7_uuids_in_hex_in_increasing_order():
 
 
 def test_a_millisecond_whose_counter_runs_out_moves_to_the_next_and_stays_in_order():
-    ids = _RandomIds()
+    ids = _OrderedIds()
     first = ids()
     ids._seq = (1 << 30) - 2  # as if a billion ids were made within this millisecond
     ids._last = int(first[:12], 16) + 1000  # and the clock had not moved since

@@ -13,7 +13,22 @@ from pathlib import Path
 from typing import Protocol
 
 from choreography_ray.jobs import JobKey, TypeRegistry
+from choreography_ray.jobs.state import PlannedStep
 from choreography_ray.storage import StorageProvider, StorageURL
+from choreography_ray.storage.protocols import StepPlanStorage
+
+
+async def plan_parts(
+    plans: StepPlanStorage, job_id: str, incarnation: int
+) -> list[list[PlannedStep]]:
+    """Every part of a stored plan, as `plan_parts` reads them."""
+    return [part async for part in plans.plan_parts(job_id, incarnation)]
+
+
+async def whole_plan(plans: StepPlanStorage, job_id: str, incarnation: int) -> list[PlannedStep]:
+    """A stored plan, whole: what a test compares with the plan it saved."""
+    return [planned for part in await plan_parts(plans, job_id, incarnation) for planned in part]
+
 
 POSTGRES_ENV = "CHOREOGRAPHY_TEST_POSTGRES_URL"
 MONGODB_ENV = "CHOREOGRAPHY_TEST_MONGODB_URL"

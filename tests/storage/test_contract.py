@@ -37,6 +37,7 @@ from choreography_ray.storage.protocols import PLAN_PART
 
 from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
+from .support import plan_parts, whole_plan
 
 # -- jobs: reading and writing ------------------------------------------------------------------
 
@@ -889,16 +890,16 @@ def plans(provider, storage):
 def test_a_stored_plan_loads_in_plan_order(run, plans):
     plan = list(reversed(_plan(5)))
     run(plans.save_plan("job", 1, plan))
-    assert run(plans.load_plan("job", 1)) == plan
+    assert run(whole_plan(plans, "job", 1)) == plan
 
 
 def test_a_missing_plan_loads_empty(run, plans):
-    assert run(plans.load_plan("job", 7)) == []
+    assert run(whole_plan(plans, "job", 7)) == []
 
 
 def test_an_empty_plan_is_stored_and_loads_empty(run, plans):
     run(plans.save_plan("job", 1, []))
-    assert run(plans.load_plan("job", 1)) == []
+    assert run(whole_plan(plans, "job", 1)) == []
 
 
 def test_deleting_a_plan_deletes_only_that_incarnation(run, plans):
@@ -906,9 +907,9 @@ def test_deleting_a_plan_deletes_only_that_incarnation(run, plans):
     run(plans.save_plan("job", 2, _plan(2, "b")))
     run(plans.save_plan("other", 1, _plan(1, "c")))
     assert run(plans.delete_plan("job", 1)) == 3
-    assert run(plans.load_plan("job", 1)) == []
-    assert [p.step_id for p in run(plans.load_plan("job", 2))] == ["b00000", "b00001"]
-    assert len(run(plans.load_plan("other", 1))) == 1
+    assert run(whole_plan(plans, "job", 1)) == []
+    assert [p.step_id for p in run(whole_plan(plans, "job", 2))] == ["b00000", "b00001"]
+    assert len(run(whole_plan(plans, "other", 1))) == 1
     assert run(plans.delete_plan("job", 1)) == 0
 
 
@@ -927,13 +928,13 @@ def test_a_retried_plan_save_replaces_the_earlier_attempt(run, plans):
     run(plans.save_plan("job", 1, _plan(5, "first")))
     retry = _plan(3, "second")
     run(plans.save_plan("job", 1, retry))
-    assert run(plans.load_plan("job", 1)) == retry
+    assert run(whole_plan(plans, "job", 1)) == retry
 
 
 def test_a_plan_of_ten_thousand_steps_round_trips(run, plans):
     plan = _plan(10_000)
     run(plans.save_plan("job", 3, plan))
-    assert run(plans.load_plan("job", 3)) == plan
+    assert run(whole_plan(plans, "job", 3)) == plan
 
 
 def test_a_plan_saved_in_parts_reads_back_in_bounded_parts_in_order(run, plans):
@@ -942,13 +943,13 @@ def test_a_plan_saved_in_parts_reads_back_in_bounded_parts_in_order(run, plans):
     run(plans.save_plan("job", 2, plan[:PLAN_PART]))
     run(plans.append_plan("job", 2, PLAN_PART, plan[PLAN_PART : PLAN_PART + 2_000]))
     run(plans.append_plan("job", 2, PLAN_PART + 2_000, plan[PLAN_PART + 2_000 :]))
-    parts = run(_parts(plans, "job", 2))
+    parts = run(plan_parts(plans, "job", 2))
     assert [len(part) for part in parts] == [PLAN_PART, 2_500]
     assert [planned for part in parts for planned in part] == plan
-    assert run(plans.load_plan("job", 2)) == plan
+    assert run(whole_plan(plans, "job", 2)) == plan
     assert run(plans.stored_plans(take=10)) == [("job", 2)]
     assert run(plans.delete_plan("job", 2)) == len(plan)
-    assert run(_parts(plans, "job", 2)) == []
+    assert run(plan_parts(plans, "job", 2)) == []
 
 
 def test_a_part_appended_again_replaces_its_interrupted_attempt(run, plans):
@@ -958,14 +959,10 @@ def test_a_part_appended_again_replaces_its_interrupted_attempt(run, plans):
     run(plans.append_plan("job", 1, 1_000, plan[1_000:2_000]))
     run(plans.append_plan("job", 1, 1_000, plan[1_000:2_000]))
     run(plans.append_plan("job", 1, 2_000, plan[2_000:]))
-    assert run(plans.load_plan("job", 1)) == plan
+    assert run(whole_plan(plans, "job", 1)) == plan
     retry = _plan(2, "again")
     run(plans.save_plan("job", 1, retry))  # the whole plan saved again starts from nothing
-    assert run(plans.load_plan("job", 1)) == retry
-
-
-async def _parts(plans, job_id, incarnation):
-    return [part async for part in plans.plan_parts(job_id, incarnation)]
+    assert run(whole_plan(plans, "job", 1)) == retry
 
 
 def test_a_large_plan_is_listed_once_and_deleted_whole(run, plans):
@@ -975,22 +972,22 @@ def test_a_large_plan_is_listed_once_and_deleted_whole(run, plans):
     assert run(plans.stored_plans(take=10)) == [("job", 3), ("job", 4)]
     assert run(plans.delete_plan("job", 3)) == 2_500
     assert run(plans.stored_plans(take=10)) == [("job", 4)]
-    assert [p.step_id for p in run(plans.load_plan("job", 4))][-2:] == ["b00999", "b01000"]
+    assert [p.step_id for p in run(whole_plan(plans, "job", 4))][-2:] == ["b00999", "b01000"]
 
 
 def test_plans_are_isolated_between_partitions(run, provider, plans, key):
     other = provider.for_key(key.model_copy(update={"namespace": "tenant-b"}))
     run(plans.save_plan("job", 1, _plan(2)))
-    assert run(other.plans.load_plan("job", 1)) == []
+    assert run(whole_plan(other.plans, "job", 1)) == []
     assert run(other.plans.delete_plan("job", 1)) == 0
-    assert len(run(plans.load_plan("job", 1))) == 2
+    assert len(run(whole_plan(plans, "job", 1))) == 2
 
 
 def test_a_plan_entry_of_an_unknown_step_type_cannot_be_loaded(run, plans):
     entry = _plan(1)[0].model_copy(update={"step_type": "who.knows"})
     run(plans.save_plan("job", 1, [entry]))
     with pytest.raises(UnknownTypeError):
-        run(plans.load_plan("job", 1))
+        run(whole_plan(plans, "job", 1))
 
 
 # -- property-based round trips -----------------------------------------------------------------

@@ -48,7 +48,7 @@ from choreography_ray.storage.mongo import (
 
 from .conftest import STEP_TYPE, ExampleRequest, ExampleState, Factory
 from .mongo_support import MongoServerSupport
-from .support import MONGODB_ENV, env
+from .support import MONGODB_ENV, env, whole_plan
 
 # -- fixtures -------------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ def test_values_bson_cannot_hold_as_documents_are_stored_as_json(run, mongo, reg
     plan = [_plan(1)[0].model_copy(update={"request": request})]
     run(storage.plans.save_plan("j", 1, plan))
     assert isinstance(mongo.partition(key).plans.find_one({"jobId": "j"})["entry"], str)
-    assert run(storage.plans.load_plan("j", 1)) == plan
+    assert run(whole_plan(storage.plans, "j", 1)) == plan
 
 
 # -- the catalog of partitions --------------------------------------------------------------------
@@ -339,8 +339,8 @@ def test_plans_are_fenced_by_incarnation(run, mongo):
     run(plans.save_plan("job", 1, _plan(3, "a")))
     run(plans.save_plan("job", 2, _plan(4, "b")))
     assert run(plans.delete_plan("job", 1)) == 3
-    assert [p.step_id for p in run(plans.load_plan("job", 2))] == [f"b{n:05}" for n in range(4)]
-    assert run(plans.load_plan("job", 1)) == []
+    assert [p.step_id for p in run(whole_plan(plans, "job", 2))] == [f"b{n:05}" for n in range(4)]
+    assert run(whole_plan(plans, "job", 1)) == []
 
 
 def test_a_save_after_a_partial_attempt_replaces_it(run, mongo):
@@ -364,7 +364,7 @@ def test_a_save_after_a_partial_attempt_replaces_it(run, mongo):
 
     retry = _plan(1_200, "second")
     run(plans.save_plan("job", 1, retry))
-    assert run(plans.load_plan("job", 1)) == retry
+    assert run(whole_plan(plans, "job", 1)) == retry
     assert collection.count_documents({"jobId": "job", "incarnation": 1}) == 1_200
 
 
@@ -403,7 +403,7 @@ def test_a_transient_failure_mid_plan_is_retried_without_duplicates(run, mongo, 
     collection.insert_many = drop_once
     plan = _plan(2_001)
     run(mongo.for_key(key).plans.save_plan("job", 4, plan))
-    assert run(mongo.for_key(key).plans.load_plan("job", 4)) == plan
+    assert run(whole_plan(mongo.for_key(key).plans, "job", 4)) == plan
     assert collection.count_documents({"incarnation": 4}) == 2_001
     assert len(sleeps) == 1
 

@@ -64,9 +64,6 @@ class MongoStepPlanStorage(MongoRecords):
 
         await self._run(write)
 
-    async def load_plan(self, job_id: str, incarnation: int) -> list[PlannedStep]:
-        return [planned async for part in self.plan_parts(job_id, incarnation) for planned in part]
-
     async def plan_parts(self, job_id: str, incarnation: int) -> AsyncIterator[list[PlannedStep]]:
         check_id(job_id, "job id")
         after = -1
