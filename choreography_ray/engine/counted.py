@@ -1,68 +1,11 @@
-"""What the step ledger counts: outcomes per stage and the stops an execution counted.
+"""The stops an execution counted, asked for every stop report in one lookup.
 
-Both answer in one lookup what a scan of a stage or of the job's record would answer: they
-are asked for every outcome and every stop, and a scan made large jobs quadratic.
+(What a job's outcomes count, per stage, is `StepIndex`'s.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from collections.abc import Set as AbstractSet
-
 from ..jobs.state import JobState
-
-
-class Counted(set[str]):
-    """The steps whose outcome is counted, with how many of each stage are.
-
-    A stage is done when all its steps are counted; asking that by scanning the stage made
-    every batch of outcomes cost a pass over the stage (quadratic in the job's size: a quarter
-    of a 30,000-step job's controller time). The per-stage counts make it one lookup."""
-
-    def __init__(self, stage_of: dict[str, int]) -> None:
-        super().__init__()
-        self._stage_of = stage_of
-        self.per_stage: dict[int, int] = {}
-
-    def add(self, step_id: str) -> None:
-        if step_id not in self:
-            super().add(step_id)
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
-
-    def discard(self, step_id: object) -> None:
-        if isinstance(step_id, str) and step_id in self:
-            super().discard(step_id)
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] -= 1
-
-    def remove(self, step_id: str) -> None:
-        if step_id not in self:
-            raise KeyError(step_id)
-        self.discard(step_id)
-
-    def update(self, *others: Iterable[str]) -> None:
-        for other in others:
-            for step_id in other:
-                self.add(step_id)
-
-    def __ior__(self, other: AbstractSet[str]) -> Counted:  # type: ignore[override,misc]
-        self.update(other)
-        return self
-
-    def clear(self) -> None:
-        super().clear()
-        self.per_stage.clear()
-
-    def recount(self) -> None:
-        """Count per stage again (the steps' stages became known after they were counted)."""
-        self.per_stage = {}
-        for step_id in self:
-            stage = self._stage_of.get(step_id)
-            if stage is not None:
-                self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
 
 
 class CountedStops:

@@ -26,10 +26,12 @@ from datetime import datetime
 
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
-from .counted import Counted, CountedStops
+from .counted import CountedStops
 from .messages import Prepared, StepStart
 from .retrying import Decision, Verdict
+from .step_index import StepIndex
 from .step_types import StepTypes
+from .waiting import Waiting
 
 FRESH_LIMIT = 100_000
 """Prepared records a job keeps for its first starts: about 30 MB at most."""
@@ -49,24 +51,23 @@ class Tracked:
     """The worker host that took the start; empty until it answered."""
     since: datetime | None = None
     """When the start was sent (the watchdog looks only at starts older than its quiet time)."""
+    at: int = -1  # the step's position in the ledger's index: its outcome is counted there
 
 
 class StepLedger:
     """Which steps are tracked, waiting, retrying or counted, in which stage and attempt."""
 
     def __init__(self) -> None:
-        self._stage_steps: dict[int, list[str]] = {}
-        self._stage_of: dict[str, int] = {}
+        self._steps = StepIndex()
         self._names: dict[str, str] = {}
         """The steps that have a name."""
         self._types = StepTypes()
         self._tracked: dict[str, Tracked] = {}
-        self._waiting: deque[tuple[str, int]] = deque()
+        self._next_attempt: dict[str, int] = {}
+        self._waiting = Waiting(self._next_attempt)
         self._held: dict[str, deque[tuple[str, int]]] = {}
         """Waiting steps a class's window held back (`start`'s gate), by type, in order."""
-        self._counted = Counted(self._stage_of)
         self._stops = CountedStops()
-        self._next_attempt: dict[str, int] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._sticky: dict[str, str] = {}
         """Steps whose next start goes back to the host their run was found on (never doubled)."""
@@ -102,13 +103,14 @@ class StepLedger:
         return self._types
 
     def stage_of(self, step_id: str) -> int:
-        return self._stage_of.get(step_id, 0)
+        stage = self._steps.stage_of(step_id)
+        return 0 if stage is None else stage
 
     def name_of(self, step_id: str) -> str:
         return self._names.get(step_id, "")
 
     def is_counted(self, step_id: str) -> bool:
-        return step_id in self._counted
+        return self._steps.is_counted(step_id)
 
     def entry(self, step_id: str) -> Tracked | None:
         """The step's tracked start, if it is tracked."""
@@ -127,7 +129,7 @@ class StepLedger:
     @property
     def outstanding(self) -> int:
         """Steps with no outcome counted yet."""
-        return max(0, len(self._stage_of) - len(self._counted))
+        return max(0, self._steps.size - self._steps.counted)
 
     @property
     def has_work(self) -> bool:
@@ -170,12 +172,12 @@ class StepLedger:
     def index(self, steps: Iterable[tuple[str, int, str, str]], *, more: bool = False) -> None:
         """Know the job's steps as (id, stage, name, type), from its plan (`more`: a next part)."""
         if not more:
-            self._stage_steps, self._types = {}, StepTypes()
-        stage_steps, types = self._stage_steps, self._types
-        others, stage_of, names = types.others, self._stage_of, self._names
+            self._steps.reset()
+            self._types = StepTypes()
+        add, types = self._steps.add, self._types
+        others, names = types.others, self._names
         for step_id, stage, name, step_type in steps:
-            stage_steps.setdefault(stage, []).append(step_id)
-            stage_of[step_id] = stage
+            add(step_id, stage)
             if name:  # most steps have none; a million empty entries would hold ~100 MB
                 names[step_id] = name
             if step_type != types.default:  # `StepTypes.add`, inline: once per step
@@ -183,33 +185,26 @@ class StepLedger:
                     others[step_id] = step_type
                 else:
                     types.default = step_type
-        self._counted.recount()
         self._loaded = True
 
     def stage_sizes(self) -> dict[int, int]:
-        return {stage: len(ids) for stage, ids in self._stage_steps.items()}
+        return self._steps.stage_sizes()
 
     def stages(self) -> list[int]:
-        return sorted(self._stage_steps)
+        return self._steps.stages()
 
     def stage_done(self, stage: int) -> bool:
-        return self._counted.per_stage.get(stage, 0) >= len(self._stage_steps.get(stage, ()))
+        return self._steps.stage_done(stage)
 
     def first_open_stage(self) -> int | None:
-        for stage in self.stages():
-            if not self.stage_done(stage):
-                return stage
-        return None
+        return next((stage for stage in self.stages() if not self.stage_done(stage)), None)
 
     def open(self, stage: int) -> None:
-        """Move the cursor to `stage`; queue its steps not counted, tracked nor retrying."""
+        """Move the cursor to `stage`; its steps not tracked nor retrying now, and not counted
+        when taken, go after the queued ones (read from the index as they go, not copied)."""
         self._current = stage
-        counted, tracked, retries = self._counted, self._tracked, self._retries
-        self._waiting.extend(
-            (step_id, self._next_attempt.get(step_id, 1))
-            for step_id in self._stage_steps.get(stage, ())
-            if step_id not in counted and step_id not in tracked and step_id not in retries
-        )
+        skip = frozenset([*self._tracked, *self._retries])
+        self._waiting.open(self._steps.steps_of(stage), self._steps.size_of(stage), skip)
 
     def uncounted_after(self, stage: int) -> list[str]:
         """The steps of every later stage that have no outcome yet."""
@@ -217,8 +212,8 @@ class StepLedger:
             step_id
             for later in self.stages()
             if later > stage
-            for step_id in self._stage_steps[later]
-            if step_id not in self._counted
+            for step_id in self._steps.steps_of(later)
+            if not self._steps.is_counted(step_id)
         ]
 
     # -- transitions ------------------------------------------------------------------------
@@ -231,23 +226,16 @@ class StepLedger:
         for step, version in zip(records, versions, strict=True):
             state = step.state
             assert state is not None
-            fresh[step.id] = (
-                step.type,
-                step.name,
-                step.stage,
-                state.type,
-                state.data,
-                version,
-                step.position,
-            )
+            described = (step.type, step.name, step.stage, state.type, state.data)
+            fresh[step.id] = (*described, version, step.position)
 
     def queue(self, steps: Iterable[tuple[str, int]], *, urgent: bool = False) -> int:
         """Queue steps (id, attempt) ahead of the others, in order; counted steps are
         skipped, and a step tracked by then is not started twice (`start` skips it).
         `urgent`: sent again after their run was lost. Returns how many were queued."""
-        counted = self._counted
-        again = [(step_id, attempt) for step_id, attempt in steps if step_id not in counted]
-        self._waiting.extendleft(reversed(again))
+        counted = self._steps.is_counted
+        again = [(step_id, attempt) for step_id, attempt in steps if not counted(step_id)]
+        self._waiting.first(again)
         if urgent:
             self._urgent.update(step_id for step_id, _ in again)
         return len(again)
@@ -259,17 +247,20 @@ class StepLedger:
         starts, and the hosts some go back to. A step of a type `gate` refuses (its class's
         window is full) is held, in order, and goes first once its class has room."""
         chosen: list[StepStart] = []
-        waiting, counted, tracked = self._waiting, self._counted, self._tracked
-        fresh, urgent, stage_of = self._fresh, self._urgent, self._stage_of
+        waiting, tracked, take = self._waiting, self._tracked, self._waiting.take
+        index = self._steps
+        find, counted, stage_at = index.find, index.is_counted, index.stage_at
+        fresh, urgent = self._fresh, self._urgent
         held, types, admitted = self._held, self._types, list[tuple[str, int]]()
         for step_type, steps in held.items() if gate else ():
             while steps and len(admitted) < room and gate(step_type):  # type: ignore[misc]
                 admitted.append(steps.popleft())
-        waiting.extendleft(reversed(admitted))  # ahead of the others, in their order
+        waiting.first(admitted)  # ahead of the others, in their order
         passed = {step_id for step_id, _ in admitted}
-        while waiting and len(chosen) < room:
-            step_id, attempt = waiting.popleft()
-            if step_id in counted or step_id in tracked:
+        while len(chosen) < room and (taken := take()) is not None:
+            step_id, attempt = taken
+            at = find(step_id)
+            if counted(step_id, at) or step_id in tracked:
                 continue
             if gate and step_id not in passed and not gate(step_type := types.of(step_id)):
                 held.setdefault(step_type, deque()).append((step_id, attempt))
@@ -278,7 +269,8 @@ class StepLedger:
             if again:
                 urgent.discard(step_id)
             chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
-            tracked[step_id] = Tracked(stage_of.get(step_id, 0), attempt, generation, since=now)
+            stage = stage_at(at)
+            tracked[step_id] = Tracked(stage or 0, attempt, generation, since=now, at=at)
         sticky: dict[str, str] = {}
         if self._sticky:
             for start in chosen:
@@ -312,7 +304,7 @@ class StepLedger:
         moved = []
         for step_id in step_ids:
             entry = self._tracked.pop(step_id, None)
-            if entry is not None and step_id not in self._counted:
+            if entry is not None and not self._steps.is_counted(step_id):
                 moved.append((step_id, entry.attempt))
                 if to:
                     self._sticky[step_id] = to[len(moved) % len(to)]
@@ -320,8 +312,8 @@ class StepLedger:
 
     def settle(self, step_id: str) -> None:
         """The step's outcome is counted."""
-        self._tracked.pop(step_id, None)
-        self._counted.add(step_id)
+        entry = self._tracked.pop(step_id, None)
+        self._steps.count(step_id, -1 if entry is None else entry.at)
 
     def count_stop(self, state: JobState, step_id: str) -> bool:
         """List the step's stop in the job's record, once per execution; False if listed."""
@@ -332,7 +324,7 @@ class StepLedger:
         counted, nor its stop listed. False when no stop of it was counted."""
         if not self._stops.discard(state, step_id):
             return False
-        self._counted.discard(step_id)
+        self._steps.uncount(step_id)
         return True
 
     def retry(self, step_id: str, timer: asyncio.Task[None]) -> None:
@@ -355,10 +347,10 @@ class StepLedger:
     def stop(self, step_ids: Iterable[str], generation: int) -> None:
         """Keep steps a stop must reach tracked until each is accounted for (told, or its
         answer counted), so nothing finalizes the stop while their work may run."""
-        tracked, stage_of = self._tracked, self._stage_of
+        tracked = self._tracked
         for step_id in step_ids:
             if step_id not in tracked:
-                tracked[step_id] = Tracked(stage_of.get(step_id, 0), 1, generation)
+                tracked[step_id] = Tracked(self.stage_of(step_id), 1, generation)
 
     def forget(self, step_id: str) -> Tracked | None:
         """Drop the step's tracked start (its run is gone, moved or accounted for)."""
@@ -368,10 +360,10 @@ class StepLedger:
         """Every step that may run or is about to: tracked, waiting or retrying. Retries are
         cancelled and the queue emptied, so nothing more is sent."""
         steps = set(self._tracked) | set(self._retries)
-        steps.update(step_id for step_id, _ in self._waiting)
+        counted = self._steps.is_counted
+        steps.update(step_id for step_id in self._waiting.drain() if not counted(step_id))
         steps.update(step_id for held in self._held.values() for step_id, _ in held)
         self.cancel_retries()
-        self._waiting.clear()
         self._held.clear()
         self._due.clear()
         return steps
@@ -413,7 +405,7 @@ class StepLedger:
         (a retry is pending, and due at its time: `take_due`). Returns the outcomes and what
         each stage still has to run."""
         self._due.clear()
-        self._counted.clear()
+        self._steps.clear_counted()
         self._tracked.clear()
         self._waiting.clear()
         self._held.clear()
@@ -426,7 +418,7 @@ class StepLedger:
             status = step.status
             if status in (JobStepStatus.COMPLETED_SUCCESSFULLY, JobStepStatus.UNREACHABLE):
                 outcomes.append((step.stage, status))
-                self._counted.add(step.id)
+                self._steps.count(step.id)
             elif status in FAILED_STEP_STATUSES:
                 decision = decide(step)
                 if decision.verdict is Verdict.RETRY:
@@ -434,16 +426,18 @@ class StepLedger:
                     self._due[step.id] = (step.attempt + 1, decision.at)
                 else:
                     outcomes.append((step.stage, JobStepStatus.FAILED))
-                    self._counted.add(step.id)
+                    self._steps.count(step.id)
             else:
                 # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
                 pending.setdefault(step.stage, []).append((step.id, max(1, step.attempt)))
                 if status == JobStepStatus.RUNNING and step.lease is not None and step.lease.host:
                     self._sticky[step.id] = step.lease.host
         self._current = None
-        self._next_attempt = {
-            step_id: attempt
+        self._next_attempt.clear()  # in place: the waiting steps read it
+        self._next_attempt.update(
+            (step_id, attempt)
             for stage_pending in pending.values()
             for step_id, attempt in stage_pending
-        }
+            if attempt != 1
+        )
         return outcomes, pending

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from choreography_ray.engine.counted import Counted, CountedStops
+from choreography_ray.engine.counted import CountedStops
 from choreography_ray.engine.ledger import StepLedger
 from choreography_ray.jobs.state import JobState
 
@@ -38,19 +38,6 @@ def test_a_stage_is_done_once_every_step_of_it_is_counted_and_not_before():
     assert ledger.first_open_stage() == 0
     assert not ledger.take_back_stop(state, "a")  # no stop of it was counted: it stays counted
     assert ledger.is_counted("a")
-
-
-def test_counted_counts_per_stage_whichever_way_it_is_changed():
-    stage_of = {"a": 0, "b": 0}
-    counted = Counted(stage_of)
-    counted.update(["a", "b"])
-    assert counted.per_stage == {0: 2}
-    counted.clear()
-    counted |= {"a", "b"}
-    assert counted.per_stage == {0: 2}
-    counted.discard("b")
-    counted.discard("b")
-    assert counted.per_stage == {0: 1}
 
 
 def test_steps_counted_before_their_stages_are_known_count_once_they_are():

@@ -1,0 +1,183 @@
+"""The steps a job's ledger knows, and which of them are counted, in about 10 bytes a step
+beside the ids themselves.
+
+A dict from step id to stage and a set of counted ids cost about 100 bytes a step: a 10-million
+step job held a gigabyte in them. Here every step is a position in one list of ids, kept sorted
+for a binary search; its stage and whether it is counted are arrays at those positions (4 and 1
+bytes). Step ids the engine makes are ordered by time, so a plan's ids usually arrive sorted:
+the plan's own list is then the search list, and nothing is sorted or copied. Ids a job chose
+itself, in any order, are sorted once, on the first question after they are indexed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
+
+
+class StepIndex:
+    """Every step of the job in plan order, each one's stage, and the counted ones per stage."""
+
+    def __init__(self) -> None:
+        self._order: list[str] = []
+        """Every step id, in plan order."""
+        self._plan_stages: array[int] | None = None
+        """Each step's stage in plan order; None while every step is in `_first_stage`."""
+        self._first_stage = 0
+        self._sizes: dict[int, int] = {}
+        self._in_order = True
+        """Whether the ids arrived strictly increasing: `_order` is then the search list."""
+        self._sorted: list[str] | None = None
+        """The search list (built on the first question after steps were added)."""
+        self._stages: array[int] | None = None
+        """Each step's stage at its position in `_sorted` (None: one stage)."""
+        self._counted = bytearray()
+        """1 at the position of each counted step of `_sorted`."""
+        self._unknown: set[str] = set()
+        """Counted steps not indexed (counted before the plan was read, or not in it)."""
+        self.per_stage: dict[int, int] = {}
+        """Counted steps of each stage."""
+        self._known_counted = 0
+
+    # -- indexing -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the steps, not what is counted: their counts follow the next `add`s."""
+        self._unknown.update(self._counted_ids())
+        self._order, self._plan_stages, self._sizes, self._in_order = [], None, {}, True
+        self._sorted = self._stages = None
+        self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
+
+    def add(self, step_id: str, stage: int) -> None:
+        """Know a step, after the ones known (plan order)."""
+        order = self._order
+        if self._sorted is not None:  # asked about before: searched again once complete
+            self._unknown.update(self._counted_ids())
+            self._sorted = self._stages = None
+            self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
+        if self._in_order and order and step_id <= order[-1]:
+            self._in_order = False
+        if not order:
+            self._first_stage = stage
+        stages = self._plan_stages
+        if stages is None and stage != self._first_stage:
+            stages = self._plan_stages = array("i", [self._first_stage]) * len(order)
+        if stages is not None:
+            stages.append(stage)
+        order.append(step_id)
+        self._sizes[stage] = self._sizes.get(stage, 0) + 1
+
+    def _search(self) -> list[str]:
+        """The search list, built once after steps were added (with each stage and count)."""
+        found = self._sorted
+        if found is not None:
+            return found
+        order, plan_stages = self._order, self._plan_stages
+        if self._in_order:
+            found, self._stages = order, plan_stages
+        else:
+            found = sorted(order)
+            if plan_stages is not None:
+                stages = array("i", bytes(4 * len(order)))
+                for step_id, stage in zip(order, plan_stages, strict=True):
+                    stages[bisect_left(found, step_id)] = stage
+                self._stages = stages
+        self._sorted, self._counted = found, bytearray(len(found))
+        unknown, self._unknown = self._unknown, set()
+        for step_id in unknown:
+            self.count(step_id)
+        return found
+
+    def find(self, step_id: str, hint: int = -1) -> int:
+        """The step's position, -1 when it is not indexed. `hint`, where it was found before,
+        spares the search while it still holds (the ledger keeps it with a tracked start)."""
+        found = self._search()
+        if 0 <= hint < len(found) and found[hint] == step_id:
+            return hint
+        at = bisect_left(found, step_id)
+        return at if at < len(found) and found[at] == step_id else -1
+
+    def _counted_ids(self) -> Iterator[str]:
+        if self._sorted is not None and self._known_counted:
+            found = self._sorted
+            yield from (found[at] for at, flag in enumerate(self._counted) if flag)
+
+    # -- questions ------------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return len(self._order)
+
+    @property
+    def counted(self) -> int:
+        """Steps counted, indexed or not."""
+        self._search()
+        return self._known_counted + len(self._unknown)
+
+    def stage_of(self, step_id: str) -> int | None:
+        """The step's stage; None when it is not indexed."""
+        return self.stage_at(self.find(step_id))
+
+    def stage_at(self, at: int) -> int | None:
+        """The stage of the step at position `at` (from `find`); None for -1."""
+        if at < 0:
+            return None
+        return self._first_stage if self._stages is None else self._stages[at]
+
+    def is_counted(self, step_id: str, at: int | None = None) -> bool:
+        """Whether the step is counted (`at`: its position, from `find`)."""
+        if at is None:
+            at = self.find(step_id)
+        return bool(self._counted[at]) if at >= 0 else step_id in self._unknown
+
+    def stage_sizes(self) -> dict[int, int]:
+        return dict(self._sizes)
+
+    def size_of(self, stage: int) -> int:
+        return self._sizes.get(stage, 0)
+
+    def stages(self) -> list[int]:
+        return sorted(self._sizes)
+
+    def stage_done(self, stage: int) -> bool:
+        """Every step of the stage is counted."""
+        self._search()
+        return self.per_stage.get(stage, 0) >= self._sizes.get(stage, 0)
+
+    def steps_of(self, stage: int) -> Iterator[str]:
+        """The stage's steps, in plan order."""
+        stages = self._plan_stages
+        if stages is None:
+            if stage == self._first_stage:
+                yield from self._order
+            return
+        yield from (step_id for step_id, at in zip(self._order, stages, strict=True) if at == stage)
+
+    # -- counting -------------------------------------------------------------------------------
+
+    def count(self, step_id: str, hint: int = -1) -> None:
+        """The step's outcome is counted (once, however often it is told)."""
+        at = self.find(step_id, hint)
+        if at < 0:
+            self._unknown.add(step_id)
+        elif not self._counted[at]:
+            self._counted[at] = 1
+            self._known_counted += 1
+            stage = self._first_stage if self._stages is None else self._stages[at]
+            self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
+
+    def uncount(self, step_id: str) -> None:
+        at = self.find(step_id)
+        if at < 0:
+            self._unknown.discard(step_id)
+        elif self._counted[at]:
+            self._counted[at] = 0
+            self._known_counted -= 1
+            stage = self._first_stage if self._stages is None else self._stages[at]
+            self.per_stage[stage] -= 1
+
+    def clear_counted(self) -> None:
+        self._unknown.clear()
+        self._counted = bytearray(len(self._sorted)) if self._sorted is not None else bytearray()
+        self.per_stage, self._known_counted = {}, 0

@@ -1,0 +1,108 @@
+"""The ledger's step index: each step a position in a sorted list of ids, its stage and its
+count arrays at that position. It must answer as a dict and a set would, whatever order the
+ids come in, and hold nothing per step beyond that (a stage opened or a step counted must not
+allocate per step: a 10-million-step job held a gigabyte that way)."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from datetime import UTC, datetime
+
+from choreography_ray.engine.ledger import StepLedger
+from choreography_ray.engine.step_index import StepIndex
+from choreography_ray.jobs.job import new_step_id
+
+NOW = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def _index(steps: list[tuple[str, int]]) -> StepIndex:
+    index = StepIndex()
+    for step_id, stage in steps:
+        index.add(step_id, stage)
+    return index
+
+
+def test_counts_per_stage_whichever_way_they_change():
+    index = _index([("a", 0), ("b", 0), ("c", 1)])
+    index.count("a")
+    index.count("a")  # told twice, counted once
+    index.count("c")
+    assert index.per_stage == {0: 1, 1: 1} and index.counted == 2
+    index.uncount("a")
+    index.uncount("a")
+    assert index.per_stage == {0: 0, 1: 1} and not index.is_counted("a")
+    index.clear_counted()
+    assert index.counted == 0 and not index.is_counted("c")
+
+
+def test_ids_in_any_order_answer_as_a_dict_would():
+    rng = random.Random(7)
+    steps = [(f"step-{n:05d}", rng.randrange(4)) for n in range(2_000)]
+    rng.shuffle(steps)  # not sorted: searched in a sorted copy
+    index = _index(steps)
+    for step_id, stage in steps:
+        assert index.stage_of(step_id) == stage
+    assert index.stage_of("step-99999") is None and index.stage_of("") is None
+    for step_id, _ in steps[::3]:
+        index.count(step_id)
+    expected: dict[int, int] = {}
+    for _, stage in steps[::3]:
+        expected[stage] = expected.get(stage, 0) + 1
+    assert index.per_stage == expected
+    assert [s for s, _ in steps if index.is_counted(s)] == [s for s, _ in steps[::3]]
+    assert list(index.steps_of(2)) == [s for s, stage in steps if stage == 2]  # plan order
+
+
+def test_steps_counted_before_they_are_known_or_added_after_a_question_stay_counted():
+    index = StepIndex()
+    index.count("b")  # counted before the plan was read
+    index.add("a", 0)
+    assert index.is_counted("b") and index.counted == 1 and index.per_stage == {}
+    index.add("b", 0)
+    index.count("a")
+    index.add("c", 1)  # a next part of the plan, after questions were asked
+    assert index.is_counted("a") and index.is_counted("b") and not index.is_counted("c")
+    assert index.per_stage == {0: 2} and index.stage_of("c") == 1
+    index.reset()  # read again from storage: the counts follow the steps
+    index.add("a", 0)
+    assert index.is_counted("a") and index.counted == 2  # "b" is not indexed now
+
+
+def test_a_start_counted_after_the_index_changed_is_counted_where_the_step_is_now():
+    ledger = StepLedger()
+    ledger.index([("m", 0, "", "t"), ("p", 0, "", "t")])
+    ledger.open(0)
+    started, _ = ledger.start(2, 1, NOW)  # each start keeps where its step was found
+    ledger.index([("a", 0, "", "t"), ("b", 0, "", "t")], more=True)  # "m" and "p" move
+    ledger.is_counted("")  # searched again: "m" is at position 2 now, "p" at 3
+    ledger.settle(started[0].step_id)
+    assert ledger.is_counted("m") and not ledger.is_counted("a")
+    assert not ledger.is_counted("p") and ledger.outstanding == 3
+
+
+def _allocated_by(action) -> int:
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        action()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_opening_a_stage_and_counting_its_steps_allocate_nothing_per_step():
+    steps = 100_000
+    ledger = StepLedger()
+    ledger.index((new_step_id(), 0, "", "noop") for _ in range(steps))
+    # Ids the engine made arrive sorted: the plan's list is searched as it is, not copied.
+    assert _allocated_by(lambda: ledger.is_counted("")) < 300_000  # a copy held 800 KB more
+    assert _allocated_by(lambda: ledger.open(0)) < 10_000  # a queue of pairs held ~7 MB
+    started, _ = ledger.start(steps, 1, NOW)
+
+    def settle() -> None:
+        for start in started:
+            ledger.settle(start.step_id)
+
+    assert _allocated_by(settle) < 500_000  # a set of them held ~4 MB
+    assert ledger.outstanding == 0 and ledger.stage_done(0)
