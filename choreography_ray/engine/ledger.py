@@ -51,7 +51,7 @@ class Tracked:
     """The worker host that took the start; empty until it answered."""
     since: datetime | None = None
     """When the start was sent (the watchdog looks only at starts older than its quiet time)."""
-    at: int = -1  # the step's position in the ledger's index: its outcome is counted there
+    at: int = -1  # where the ledger's index has the step (a hint): its outcome is counted there
 
 
 class StepLedger:
@@ -212,7 +212,7 @@ class StepLedger:
             step_id
             for later in self.stages()
             if later > stage
-            for step_id in self._steps.steps_of(later)
+            for step_id, _ in self._steps.steps_of(later)
             if not self._steps.is_counted(step_id)
         ]
 
@@ -258,8 +258,8 @@ class StepLedger:
         waiting.first(admitted)  # ahead of the others, in their order
         passed = {step_id for step_id, _ in admitted}
         while len(chosen) < room and (taken := take()) is not None:
-            step_id, attempt = taken
-            at = find(step_id)
+            step_id, attempt, hint = taken
+            at = find(step_id, hint)
             if counted(step_id, at) or step_id in tracked:
                 continue
             if gate and step_id not in passed and not gate(step_type := types.of(step_id)):
@@ -269,8 +269,8 @@ class StepLedger:
             if again:
                 urgent.discard(step_id)
             chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
-            stage = stage_at(at)
-            tracked[step_id] = Tracked(stage or 0, attempt, generation, since=now, at=at)
+            stage, hint = stage_at(at) or 0, index.hint(at)
+            tracked[step_id] = Tracked(stage, attempt, generation, since=now, at=hint)
         sticky: dict[str, str] = {}
         if self._sticky:
             for start in chosen:

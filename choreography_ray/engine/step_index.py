@@ -1,12 +1,13 @@
-"""The steps a job's ledger knows, and which of them are counted, in about 10 bytes a step
-beside the ids themselves.
+"""The steps a job's ledger knows, and which of them are counted: about 17 bytes a step.
 
-A dict from step id to stage and a set of counted ids cost about 100 bytes a step: a 10-million
-step job held a gigabyte in them. Here every step is a position in one list of ids, kept sorted
-for a binary search; its stage and whether it is counted are arrays at those positions (4 and 1
-bytes). Step ids the engine makes are ordered by time, so a plan's ids usually arrive sorted:
-the plan's own list is then the search list, and nothing is sorted or copied. Ids a job chose
-itself, in any order, are sorted once, on the first question after they are indexed.
+A dict from step id to stage, a set of counted ids and the ids as strings cost about 200
+bytes a step: a 10-million-step job held two gigabytes in them. Here every step is a position
+in one sorted sequence of ids, found by binary search; its stage and whether it is counted
+are arrays at that position (4 bytes, only when the job has several stages, and 1 byte).
+Step ids the engine makes are ordered by time, so a plan's ids arrive sorted: they are packed
+in 16 bytes each (`PackedIds`) and are their own search sequence. Ids a job chose itself are
+held as strings from the first that does not pack, and sorted once, on the first question
+after they were indexed.
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 
+from .packed_ids import PackedIds
+
+_SPAN = 1 << 40
+"""A hint is `epoch * _SPAN + position`: the position holds while the epoch does."""
+
 
 class StepIndex:
     """Every step of the job in plan order, each one's stage, and the counted ones per stage."""
 
     def __init__(self) -> None:
-        self._order: list[str] = []
+        self._order: PackedIds | list[str] = PackedIds()
         """Every step id, in plan order."""
         self._plan_stages: array[int] | None = None
         """Each step's stage in plan order; None while every step is in `_first_stage`."""
@@ -28,7 +34,7 @@ class StepIndex:
         self._sizes: dict[int, int] = {}
         self._in_order = True
         """Whether the ids arrived strictly increasing: `_order` is then the search list."""
-        self._sorted: list[str] | None = None
+        self._sorted: PackedIds | list[str] | None = None
         """The search list (built on the first question after steps were added)."""
         self._stages: array[int] | None = None
         """Each step's stage at its position in `_sorted` (None: one stage)."""
@@ -39,13 +45,16 @@ class StepIndex:
         self.per_stage: dict[int, int] = {}
         """Counted steps of each stage."""
         self._known_counted = 0
+        self._epoch = 0
+        """Moves on whenever steps may move to other positions: older hints are not used."""
 
     # -- indexing -------------------------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the steps, not what is counted: their counts follow the next `add`s."""
         self._unknown.update(self._counted_ids())
-        self._order, self._plan_stages, self._sizes, self._in_order = [], None, {}, True
+        self._order, self._plan_stages, self._sizes = PackedIds(), None, {}
+        self._in_order, self._epoch = True, self._epoch + 1
         self._sorted = self._stages = None
         self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
 
@@ -56,8 +65,6 @@ class StepIndex:
             self._unknown.update(self._counted_ids())
             self._sorted = self._stages = None
             self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
-        if self._in_order and order and step_id <= order[-1]:
-            self._in_order = False
         if not order:
             self._first_stage = stage
         stages = self._plan_stages
@@ -65,10 +72,17 @@ class StepIndex:
             stages = self._plan_stages = array("i", [self._first_stage]) * len(order)
         if stages is not None:
             stages.append(stage)
-        order.append(step_id)
+        if type(order) is PackedIds:
+            if not order.add(step_id):  # not the engine's, or out of order: held as strings
+                order = self._order = [*order, step_id]
+                self._in_order = len(order) < 2 or order[-2] < step_id
+        elif isinstance(order, list):
+            if self._in_order and order and step_id <= order[-1]:
+                self._in_order = False
+            order.append(step_id)
         self._sizes[stage] = self._sizes.get(stage, 0) + 1
 
-    def _search(self) -> list[str]:
+    def _search(self) -> PackedIds | list[str]:
         """The search list, built once after steps were added (with each stage and count)."""
         found = self._sorted
         if found is not None:
@@ -77,7 +91,8 @@ class StepIndex:
         if self._in_order:
             found, self._stages = order, plan_stages
         else:
-            found = sorted(order)
+            assert isinstance(order, list)  # packed ids are in order
+            found, self._epoch = sorted(order), self._epoch + 1
             if plan_stages is not None:
                 stages = array("i", bytes(4 * len(order)))
                 for step_id, stage in zip(order, plan_stages, strict=True):
@@ -90,13 +105,21 @@ class StepIndex:
         return found
 
     def find(self, step_id: str, hint: int = -1) -> int:
-        """The step's position, -1 when it is not indexed. `hint`, where it was found before,
-        spares the search while it still holds (the ledger keeps it with a tracked start)."""
+        """The step's position, -1 when it is not indexed. `hint` (`hint`, or `steps_of`'s)
+        spares the search while the steps keep their positions."""
         found = self._search()
-        if 0 <= hint < len(found) and found[hint] == step_id:
-            return hint
+        if hint >= 0:
+            epoch, at = divmod(hint, _SPAN)
+            if epoch == self._epoch:
+                return at
+        if type(found) is PackedIds:
+            return found.find(step_id)
         at = bisect_left(found, step_id)
         return at if at < len(found) and found[at] == step_id else -1
+
+    def hint(self, at: int) -> int:
+        """A hint for `find` of the step at position `at`."""
+        return self._epoch * _SPAN + at if at >= 0 else -1
 
     def _counted_ids(self) -> Iterator[str]:
         if self._sorted is not None and self._known_counted:
@@ -145,14 +168,20 @@ class StepIndex:
         self._search()
         return self.per_stage.get(stage, 0) >= self._sizes.get(stage, 0)
 
-    def steps_of(self, stage: int) -> Iterator[str]:
-        """The stage's steps, in plan order."""
-        stages = self._plan_stages
+    def steps_of(self, stage: int) -> Iterator[tuple[str, int]]:
+        """The stage's steps in plan order, each with a hint for `find` (the plan order is the
+        search order when the ids came sorted; -1 when they did not)."""
+        self._search()
+        base, stages = self._epoch * _SPAN if self._in_order else -_SPAN, self._plan_stages
         if stages is None:
             if stage == self._first_stage:
-                yield from self._order
+                yield from ((step_id, max(-1, base + at)) for at, step_id in enumerate(self._order))
             return
-        yield from (step_id for step_id, at in zip(self._order, stages, strict=True) if at == stage)
+        yield from (
+            (step_id, max(-1, base + at))
+            for at, (step_id, of) in enumerate(zip(self._order, stages, strict=True))
+            if of == stage
+        )
 
     # -- counting -------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ class _Opened:
 
     __slots__ = ("left", "steps")
 
-    def __init__(self, steps: Iterator[str], left: int) -> None:
+    def __init__(self, steps: Iterator[tuple[str, int]], left: int) -> None:
         self.steps, self.left = steps, left
 
 
@@ -42,21 +42,23 @@ class Waiting:
         """Put steps ahead of every waiting one, in their order."""
         self._queued.extendleft(reversed(list(steps)))
 
-    def open(self, steps: Iterator[str], size: int, skip: frozenset[str]) -> None:
-        """Send a stage's `size` steps after the others, except those in `skip`."""
-        self._opened.append(_Opened((s for s in steps if s not in skip), size))
+    def open(self, steps: Iterator[tuple[str, int]], size: int, skip: frozenset[str]) -> None:
+        """Send a stage's `size` steps (id, where the index has it) after the others, except
+        those in `skip`."""
+        self._opened.append(_Opened((step for step in steps if step[0] not in skip), size))
 
-    def take(self) -> tuple[str, int] | None:
-        """The next step to send and its attempt; None when none waits."""
+    def take(self) -> tuple[str, int, int] | None:
+        """The next step to send, its attempt and where the index has it (-1: not known);
+        None when none waits."""
         if self._queued:
-            return self._queued.popleft()
+            return (*self._queued.popleft(), -1)
         opened = self._opened
         while opened:
             first = opened[0]
-            step_id = next(first.steps, None)
-            if step_id is not None:
+            step = next(first.steps, None)
+            if step is not None:
                 first.left -= 1
-                return step_id, self._attempts.get(step_id, 1)
+                return step[0], self._attempts.get(step[0], 1), step[1]
             opened.popleft()
         return None
 

@@ -51,7 +51,8 @@ def test_ids_in_any_order_answer_as_a_dict_would():
         expected[stage] = expected.get(stage, 0) + 1
     assert index.per_stage == expected
     assert [s for s, _ in steps if index.is_counted(s)] == [s for s, _ in steps[::3]]
-    assert list(index.steps_of(2)) == [s for s, stage in steps if stage == 2]  # plan order
+    in_plan = [step_id for step_id, stage in steps if stage == 2]
+    assert [step_id for step_id, _ in index.steps_of(2)] == in_plan  # plan order
 
 
 def test_steps_counted_before_they_are_known_or_added_after_a_question_stay_counted():
@@ -106,3 +107,37 @@ def test_opening_a_stage_and_counting_its_steps_allocate_nothing_per_step():
 
     assert _allocated_by(settle) < 500_000  # a set of them held ~4 MB
     assert ledger.outstanding == 0 and ledger.stage_done(0)
+
+
+def test_the_engine_s_ids_are_held_packed_and_others_as_given():
+    index = StepIndex()
+
+    def plan() -> None:
+        for _ in range(10_000):
+            index.add(new_step_id(), 0)
+
+    assert _allocated_by(plan) < 400_000  # 16 bytes each: as strings they held 1 MB
+    made = [step_id for step_id, _ in index.steps_of(0)]
+    assert [index.stage_of(step_id) for step_id in made] == [0] * len(made)
+    # The same digits in capitals are another id: not found as the packed one.
+    assert index.stage_of(made[5].upper()) is None
+    assert index.stage_of(made[5][:-1] + "g") is None and index.stage_of(made[5][:31]) is None
+    index.count(made[5])
+    assert not index.is_counted(made[5].upper())
+    # An id of the job's own, and one out of order: from there on ids are held as given.
+    index.add("my-step", 1)
+    index.add(new_step_id(), 1)
+    late = new_step_id()
+    index.add(made[3] + "x", 1)
+    index.add(late, 0)
+    assert index.is_counted(made[5]) and index.stage_of("my-step") == 1
+    assert index.stage_of(made[3] + "x") == 1 and index.stage_of(late) == 0
+    assert index.per_stage == {0: 1} and index.size == len(made) + 4
+
+
+def test_the_engine_s_ids_out_of_order_are_still_found():
+    first, second, third = new_step_id(), new_step_id(), new_step_id()
+    index = StepIndex()
+    for step_id, stage in ((second, 0), (third, 1), (first, 2)):  # a job that reordered them
+        index.add(step_id, stage)
+    assert [index.stage_of(s) for s in (first, second, third)] == [2, 0, 1]
