@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidJobIdError
-from .registry import Payload, trusted
+from .registry import Payload, shared_fields, trusted_sharing
 from .status import JobStatus, JobStepStatus
 
 DEFAULT_SCOPE = "default"
@@ -423,27 +423,27 @@ class JobStepState(_Model):
         position: int = 0,
         version: int = 0,
     ) -> JobStepState:
-        """A newly prepared record, every other field at its default. Built without
-        validation (the values come checked from the plan): jobs prepare thousands at once."""
-        return trusted(
-            cls,
-            id=id,
-            job_id=job_id,
-            type=type,
-            name=name,
-            stage=stage,
-            position=position,
-            status=JobStepStatus.UNKNOWN,
-            status_changes=[],
-            progress=_NO_PROGRESS,  # replaced, never changed in place: one is shared
-            is_prepared=True,
-            attempt=1,
-            lease=None,
-            generation=0,
-            state=state,
-            result=None,
-            error=None,
-            decision=None,
-            waiting_for_key=None,
-            version=version,
-        )
+        """A newly prepared record, every other field at its default. Built without validation
+        (the values come checked from the plan), from a dict literal (half `trusted`'s time)."""
+        values = {
+            "id": id,
+            "job_id": job_id,
+            "type": type,
+            "name": name,
+            "stage": stage,
+            "position": position,
+            "status": JobStepStatus.UNKNOWN,
+            "status_changes": [],
+            "progress": _NO_PROGRESS,  # replaced, never changed in place: one is shared
+            "is_prepared": True,
+            "attempt": 1,
+            "lease": None,
+            "generation": 0,
+            "state": state,
+            "result": None,
+            "error": None,
+            "decision": None,
+            "waiting_for_key": None,
+            "version": version,
+        }
+        return trusted_sharing(cls, shared_fields(cls), values)

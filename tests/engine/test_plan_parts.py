@@ -11,11 +11,13 @@ import pytest
 
 from choreography_ray.engine import planning, starting
 from choreography_ray.jobs import JobsOptions, JobStatus, StartJobError
+from choreography_ray.jobs.registry import Payload
 from choreography_ray.jobs.state import PlannedStep
 from choreography_ray.storage import memory
 from choreography_ray.storage.protocols import JobsStorage
 from choreography_ray.testing import InProcessCluster
 
+from ..storage.support import whole_plan
 from .fixtures import KeyRequest, KeyStep, ScenarioJob, request
 
 KEYS = [f"k{n:02}" for n in range(11)]
@@ -161,6 +163,35 @@ def test_recovery_prepares_a_plan_stored_in_parts_a_part_at_a_time(run, script, 
     # Read twice a part at a time: once to know the steps, once to prepare those not stored.
     assert parts.read_parts == [4, 4, 3, 4, 4, 3]
     assert sorted({k for k, _ in script.runs}) == KEYS
+
+
+def test_a_stored_request_that_does_not_fit_its_class_fails_the_preparation_naming_the_step(
+    run, script, small_parts
+):
+    """Plan storage checks the names of what it reads back, not each request's data: the one
+    check of a request is the load that prepares its step, and it names the step."""
+    parts = PlanParts()
+
+    async def scenario():
+        async with _cluster(parts) as cluster:
+            result = await cluster.start(BackgroundPlan, request(*KEYS))
+            await cluster.crash()  # PreparingSteps, its plan stored and no step prepared
+            job = await cluster.storage().jobs.get(result.job_id)
+            plans = cluster.storage().plans
+            incarnation = job.stored_step_plan_incarnation
+            entries = await whole_plan(plans, result.job_id, incarnation)
+            unfit = Payload(type=entries[9].request.type, data={"key": 5})
+            entries[9] = entries[9].model_copy(update={"request": unfit})
+            await plans.save_plan(result.job_id, incarnation, entries)
+            await (await cluster.manager().rehydrate())  # recovery fails the job, once
+            return entries[9].step_id, await cluster.storage().jobs.get(result.job_id)
+
+    step_id, stored = run(scenario())
+    assert stored.status == JobStatus.FAILED
+    reason = " ".join(stored.status_changes[-1].exception_messages)
+    assert f"step {step_id!r}" in reason
+    assert "does not fit its class" in reason
+    assert script.runs == []
 
 
 class BackgroundPlan(ScenarioJob, name="plan-parts.background-job"):

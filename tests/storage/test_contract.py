@@ -990,6 +990,24 @@ def test_a_plan_entry_of_an_unknown_step_type_cannot_be_loaded(run, plans):
         run(whole_plan(plans, "job", 1))
 
 
+def test_a_plan_entry_of_an_unknown_request_type_cannot_be_loaded(run, plans):
+    entries = _plan(3)
+    entries[2] = entries[2].model_copy(update={"request": Payload(type="who.knows", data={})})
+    run(plans.save_plan("job", 1, entries))
+    with pytest.raises(UnknownTypeError, match=r"who\.knows"):
+        run(whole_plan(plans, "job", 1))
+
+
+def test_a_plan_entry_is_read_back_with_its_request_data_unchecked(run, plans):
+    """Plan storage checks the names an entry holds; its request's data is checked once, by
+    the engine as it loads it to prepare the step, which names the step when it does not fit
+    (tests/engine/test_plan_parts.py)."""
+    entry = _plan(1)[0]
+    unfit = entry.model_copy(update={"request": Payload(type="contract.request", data=[1])})
+    run(plans.save_plan("job", 1, [unfit]))
+    assert run(whole_plan(plans, "job", 1)) == [unfit]
+
+
 # -- property-based round trips -----------------------------------------------------------------
 
 _ROUND_TRIP = settings(
