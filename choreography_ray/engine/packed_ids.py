@@ -29,11 +29,13 @@ def _halves(step_id: str) -> tuple[int, int] | None:
 class PackedIds:
     """Ascending step ids of 32 lowercase hex digits, as a sequence of strings."""
 
-    __slots__ = ("_high", "_low")
+    __slots__ = ("_high", "_last", "_low")
 
     def __init__(self) -> None:
         self._high = array("Q")
         self._low = array("Q")
+        self._last = ""
+        """The last id added: lowercase hex of one length orders as its value does."""
 
     def __len__(self) -> int:
         return len(self._high)
@@ -50,14 +52,17 @@ class PackedIds:
 
     def add(self, step_id: str) -> bool:
         """Append the id; False, changing nothing, when it is not hex or not above the last."""
-        halves = _halves(step_id)
-        if halves is None:
+        if step_id <= self._last or len(step_id) != 32:
             return False
-        high, low = self._high, self._low
-        if high and halves <= (high[-1], low[-1]):
+        try:
+            packed = bytes.fromhex(step_id)
+        except ValueError:
             return False
-        high.append(halves[0])
-        low.append(halves[1])
+        if packed.hex() != step_id:  # upper case or spaces: it would not read back the same
+            return False
+        self._high.append(int.from_bytes(packed[:8]))
+        self._low.append(int.from_bytes(packed[8:]))
+        self._last = step_id
         return True
 
     def find(self, step_id: str) -> int:
@@ -70,3 +75,25 @@ class PackedIds:
         end = bisect_right(self._high, first, start)
         at = bisect_left(self._low, second, start, end)
         return at if at < end and self._low[at] == second else -1
+
+
+class PlannedIds:
+    """The step ids of a plan being checked, to find one planned twice: the engine's ids, which
+    ascend, packed (a set of ten million ids held more than a gigabyte), any others in a set."""
+
+    __slots__ = ("_others", "_packed")
+
+    def __init__(self) -> None:
+        self._packed = PackedIds()
+        self._others: set[str] = set()
+
+    def add(self, step_id: str) -> bool:
+        """Note the id; False when it was noted before."""
+        if step_id in self._others:
+            return False
+        if self._packed.add(step_id):  # above every packed id: new to them
+            return True
+        if self._packed.find(step_id) >= 0:
+            return False
+        self._others.add(step_id)
+        return True

@@ -18,6 +18,7 @@ from ..jobs.errors import ChoreographyError
 from ..jobs.job import StepDetails
 from ..jobs.registry import TypeKind, TypeRegistry, trusted_sharing
 from ..jobs.state import PlannedStep
+from .packed_ids import PlannedIds
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def plan_parts(
     entries are cleared chunk by chunk once planned, so what the steps were planned from never
     exists beside the plan. `originals`, when given, gets each step's request by step id
     for plans of up to `ORIGINALS_KEPT` steps; a longer plan leaves it empty."""
-    seen: set[str] = set()
+    seen = PlannedIds()
     names: dict[type, str] = {}  # a plan of thousands of steps has a handful of step types
     fields = {"step_id", "stage", "step_type", "name", "request"}
     entries = _consumed(details)
@@ -74,9 +75,8 @@ def plan_parts(
                     "build steps with create_step"
                 )
             index += 1
-            if detail.step_id in seen:
+            if not seen.add(detail.step_id):
                 raise InvalidPlan(f"step id {detail.step_id!r} is planned twice")
-            seen.add(detail.step_id)
             step_name = names.get(detail.step_type)
             if step_name is None:
                 try:

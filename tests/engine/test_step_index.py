@@ -9,8 +9,13 @@ import random
 import tracemalloc
 from datetime import UTC, datetime
 
+from choreography_ray.bench import NoopFanOut, NoopItem, NoopStep
+from choreography_ray.engine import planning
 from choreography_ray.engine.ledger import StepLedger
+from choreography_ray.engine.packed_ids import PlannedIds
+from choreography_ray.engine.planning import plan_parts
 from choreography_ray.engine.step_index import StepIndex
+from choreography_ray.jobs import default_registry
 from choreography_ray.jobs.job import new_step_id
 
 NOW = datetime(2024, 1, 1, tzinfo=UTC)
@@ -141,3 +146,44 @@ def test_the_engine_s_ids_out_of_order_are_still_found():
     for step_id, stage in ((second, 0), (third, 1), (first, 2)):  # a job that reordered them
         index.add(step_id, stage)
     assert [index.stage_of(s) for s in (first, second, third)] == [2, 0, 1]
+
+
+def test_a_plan_s_ids_planned_twice_are_found_however_they_come():
+    made = [new_step_id() for _ in range(5)]
+    seen = PlannedIds()
+    assert all(seen.add(step_id) for step_id in made[1:4])  # ascending: packed
+    assert not seen.add(made[2])  # again, below the last: searched among the packed
+    assert seen.add(made[0])  # below the last, new: noted apart
+    assert not seen.add(made[0])
+    assert seen.add("mine") and not seen.add("mine")  # a job's own ids
+    assert seen.add(made[4]) and not seen.add(made[4])
+    assert seen.add(made[3].upper())  # another id (as the index tells them apart)
+
+
+def test_the_engine_s_ids_are_noted_for_the_plan_check_in_16_bytes():
+    seen = PlannedIds()
+
+    def plan() -> None:
+        for _ in range(10_000):
+            seen.add(new_step_id())
+
+    assert _allocated_by(plan) < 400_000  # a set of them held 1.5 MB
+
+
+def test_checking_a_plan_keeps_its_ids_in_16_bytes_each(monkeypatch):
+    chunk = 2_000
+    monkeypatch.setattr(planning, "PLAN_CHUNK", chunk)
+    job, total = NoopFanOut(), 8 * chunk
+    details = (job.create_step(NoopStep, NoopItem(n=n)) for n in range(total))
+    parts = plan_parts(details, default_registry)
+    held: dict[int, int] = {}
+    tracemalloc.start()
+    try:
+        for planned, part in enumerate(parts, 1):
+            del part  # what stays is the plan check's, and the part being built
+            held[planned] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(held) == 8
+    grown = held[7] - held[2]  # five parts of ids noted: 80 bytes each as a set's strings
+    assert grown < 0.3 * 80 * 5 * chunk
