@@ -65,9 +65,11 @@ def test_a_job_started_with_no_worker_node_makes_the_autoscaler_add_them(cluster
     def ready_at() -> float | None:
         try:
             handle = ray.get_actor(host, namespace="choreography")
+            return ray.get(handle.stats.remote(), timeout=10)["ready_at"]
         except ValueError:
             return None  # the membership watch has not started it yet
-        return ray.get(handle.stats.remote(), timeout=10)["ready_at"]
+        except ray.exceptions.GetTimeoutError:
+            return None  # named, still starting on a loaded machine: asked again, within 60 s
 
     host_ready = eventually(ready_at, "the joined node's worker host started", 60)
     done = eventually(
