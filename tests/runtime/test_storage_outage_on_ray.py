@@ -164,10 +164,10 @@ _LOCKER = textwrap.dedent(
 def test_sqlite_write_locked_by_another_process(ray_instance, tmp_path):
     path = tmp_path / "jobs.db"
     # A write waits out the lock for the busy timeout, and the provider tries it five times:
-    # at the default 5 s the outage would be declared about 26 s in, after this 20 s lock, and
-    # what stopped the starts was the 2,000 records a worker host may hold unwritten, reached
-    # 4 s in on an idle machine but after 10 s on a loaded one. At 1 s it is declared within
-    # about 6.5 s (five tries and the backoff between them) however fast the steps run.
+    # at the default 5 s the outage would be declared about 26 s in, after this 20 s lock. On
+    # an idle machine the steps left (about 2,000, as many as a worker host may hold unwritten)
+    # all started within 4 s anyway; on a loaded one runs went on starting past 10 s. At 1 s it
+    # is declared within about 6.5 s (five tries and the backoff between them).
     url = f"sqlite:///{path}?busy_timeout=1000"
     jobs = _connect(url)
     locker: dict[str, subprocess.Popen[str]] = {}
