@@ -52,16 +52,13 @@ class PackedIds:
 
     def add(self, step_id: str) -> bool:
         """Append the id; False, changing nothing, when it is not hex or not above the last."""
-        if step_id <= self._last or len(step_id) != 32:
+        if step_id <= self._last:
             return False
-        try:
-            packed = bytes.fromhex(step_id)
-        except ValueError:
+        halves = _halves(step_id)
+        if halves is None:
             return False
-        if packed.hex() != step_id:  # upper case or spaces: it would not read back the same
-            return False
-        self._high.append(int.from_bytes(packed[:8]))
-        self._low.append(int.from_bytes(packed[8:]))
+        self._high.append(halves[0])
+        self._low.append(halves[1])
         self._last = step_id
         return True
 

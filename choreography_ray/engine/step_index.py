@@ -12,6 +12,7 @@ after they were indexed.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -52,9 +53,13 @@ class StepIndex:
 
     def reset(self) -> None:
         """Forget the steps, not what is counted: their counts follow the next `add`s."""
-        self._unknown.update(self._counted_ids())
+        self._drop_search()
         self._order, self._plan_stages, self._sizes = PackedIds(), None, {}
         self._in_order, self._epoch = True, self._epoch + 1
+
+    def _drop_search(self) -> None:
+        """Let the search list go (rebuilt on the next question); counted ids wait apart."""
+        self._unknown.update(self._counted_ids())
         self._sorted = self._stages = None
         self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
 
@@ -62,9 +67,7 @@ class StepIndex:
         """Know a step, after the ones known (plan order)."""
         order = self._order
         if self._sorted is not None:  # asked about before: searched again once complete
-            self._unknown.update(self._counted_ids())
-            self._sorted = self._stages = None
-            self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
+            self._drop_search()
         if not order:
             self._first_stage = stage
         stages = self._plan_stages
@@ -144,8 +147,9 @@ class StepIndex:
 
     def stage_at(self, at: int) -> int | None:
         """The stage of the step at position `at` (from `find`); None for -1."""
-        if at < 0:
-            return None
+        return self._stage(at) if at >= 0 else None
+
+    def _stage(self, at: int) -> int:
         return self._first_stage if self._stages is None else self._stages[at]
 
     def is_counted(self, step_id: str, at: int | None = None) -> bool:
@@ -172,16 +176,14 @@ class StepIndex:
         """The stage's steps in plan order, each with a hint for `find` (the plan order is the
         search order when the ids came sorted; -1 when they did not)."""
         self._search()
-        base, stages = self._epoch * _SPAN if self._in_order else -_SPAN, self._plan_stages
+        hints = itertools.count(self.hint(0)) if self._in_order else itertools.repeat(-1)
+        order, stages = self._order, self._plan_stages
         if stages is None:
             if stage == self._first_stage:
-                yield from ((step_id, max(-1, base + at)) for at, step_id in enumerate(self._order))
+                yield from zip(order, hints, strict=False)  # hints never end
             return
-        yield from (
-            (step_id, max(-1, base + at))
-            for at, (step_id, of) in enumerate(zip(self._order, stages, strict=True))
-            if of == stage
-        )
+        pairs = zip(order, hints, stages, strict=False)
+        yield from ((step_id, hint) for step_id, hint, of in pairs if of == stage)
 
     # -- counting -------------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class StepIndex:
         elif not self._counted[at]:
             self._counted[at] = 1
             self._known_counted += 1
-            stage = self._first_stage if self._stages is None else self._stages[at]
+            stage = self._stage(at)
             self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
 
     def uncount(self, step_id: str) -> None:
@@ -203,8 +205,7 @@ class StepIndex:
         elif self._counted[at]:
             self._counted[at] = 0
             self._known_counted -= 1
-            stage = self._first_stage if self._stages is None else self._stages[at]
-            self.per_stage[stage] -= 1
+            self.per_stage[self._stage(at)] -= 1
 
     def clear_counted(self) -> None:
         self._unknown.clear()

@@ -35,9 +35,6 @@ class Waiting:
         """How many are left to send, at most: some may be counted by the time they would go."""
         return len(self._queued) + sum(opened.left for opened in self._opened)
 
-    def __bool__(self) -> bool:
-        return len(self) > 0
-
     def first(self, steps: Iterable[tuple[str, int]]) -> None:
         """Put steps ahead of every waiting one, in their order."""
         self._queued.extendleft(reversed(list(steps)))
