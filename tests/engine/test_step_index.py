@@ -186,4 +186,4 @@ def test_checking_a_plan_keeps_its_ids_in_16_bytes_each(monkeypatch):
         tracemalloc.stop()
     assert len(held) == 8
     grown = held[7] - held[2]  # five parts of ids noted: 80 bytes each as a set's strings
-    assert grown < 0.3 * 80 * 5 * chunk
+    assert grown < 0.5 * 80 * 5 * chunk  # packed: about 200 KB, with the arrays' growth
