@@ -19,8 +19,8 @@ the lifecycle operations decide, the ledger remembers.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,9 +35,6 @@ from .waiting import Waiting
 
 FRESH_LIMIT = 100_000
 """Prepared records a job keeps for its first starts: about 30 MB at most."""
-
-Pending = dict[int, list[tuple[str, int]]]
-"""Per stage, the steps still to run and the attempt each runs next."""
 
 
 @dataclass
@@ -169,15 +166,22 @@ class StepLedger:
 
     # -- the plan and the stages ----------------------------------------------------------------
 
-    def index(self, steps: Iterable[tuple[str, int, str, str]], *, more: bool = False) -> None:
-        """Know the job's steps as (id, stage, name, type), from its plan (`more`: a next part)."""
+    def index(
+        self,
+        steps: Iterable[tuple[str, int, str, str]],
+        *,
+        more: bool = False,
+        counted: Container[str] = frozenset(),
+    ) -> None:
+        """Know the job's steps as (id, stage, name, type), from its plan or its records (`more`:
+        a next part); those in `counted` have their outcome counted."""
         if not more:
             self._steps.reset()
             self._types = StepTypes()
         add, types = self._steps.add, self._types
         others, names = types.others, self._names
         for step_id, stage, name, step_type in steps:
-            add(step_id, stage)
+            add(step_id, stage, step_id in counted)
             if name:  # most steps have none; a million empty entries would hold ~100 MB
                 names[step_id] = name
             if step_type != types.default:  # `StepTypes.add`, inline: once per step
@@ -206,14 +210,17 @@ class StepLedger:
         skip = frozenset([*self._tracked, *self._retries])
         self._waiting.open(self._steps.steps_of(stage), self._steps.size_of(stage), skip)
 
+    def uncounted(self, stage: int) -> Iterator[str]:
+        """The stage's steps that have no outcome yet."""
+        index = self._steps
+        for step_id, hint in index.steps_of(stage):
+            if not index.is_counted(step_id, index.find(step_id, hint)):
+                yield step_id
+
     def uncounted_after(self, stage: int) -> list[str]:
         """The steps of every later stage that have no outcome yet."""
         return [
-            step_id
-            for later in self.stages()
-            if later > stage
-            for step_id, _ in self._steps.steps_of(later)
-            if not self._steps.is_counted(step_id)
+            step_id for later in self.stages() if later > stage for step_id in self.uncounted(later)
         ]
 
     # -- transitions ------------------------------------------------------------------------
@@ -385,11 +392,7 @@ class StepLedger:
         return self._forget_on(set(self._losses[since:]))
 
     def _forget_on(self, gone: set[str]) -> list[tuple[str, int]]:
-        lost = [
-            (step_id, entry.attempt)
-            for step_id, entry in self._tracked.items()
-            if entry.host in gone
-        ]
+        lost = [(step_id, e.attempt) for step_id, e in self._tracked.items() if e.host in gone]
         for step_id, _ in lost:
             del self._tracked[step_id]
         for step_id in [s for s, host in self._sticky.items() if host in gone]:
@@ -398,46 +401,49 @@ class StepLedger:
 
     # -- recount ------------------------------------------------------------------------------
 
-    def reconcile(
-        self, steps: Iterable[JobStepState], decide: Callable[[JobStepState], Decision]
-    ) -> tuple[list[tuple[int, JobStepStatus]], Pending]:
-        """Forget what ran; count stored outcomes again, a failed attempt as `decide` says
-        (a retry is pending, and due at its time: `take_due`). Returns the outcomes and what
-        each stage still has to run."""
-        self._due.clear()
+    def begin_recount(self) -> None:
+        """Forget what ran and what is known: the steps are indexed and counted again from
+        their records (`recount`, a part at a time). Until then nothing is `loaded`."""
         self._steps.clear_counted()
-        self._tracked.clear()
+        self._steps.reset()
+        self._types = StepTypes()
+        for held in (self._due, self._tracked, self._held, self._sticky, self._next_attempt):
+            held.clear()  # in place: the waiting steps read the next attempts
         self._waiting.clear()
-        self._held.clear()
-        self._sticky.clear()
         self._urgent.clear()
         self._fresh.clear()
-        outcomes: list[tuple[int, JobStepStatus]] = []
-        pending: Pending = {}
+        self._current = None
+        self._loaded = False
+
+    def recount(
+        self,
+        steps: Sequence[JobStepState],
+        decide: Callable[[JobStepState], Decision],
+        outcomes: Counter[tuple[int, JobStepStatus]],
+    ) -> None:
+        """Index and count a part of the job's records, in step-id order after the parts
+        before: a stored outcome is counted in `outcomes` by (stage, status), a failed attempt
+        as `decide` says (a retry is due at its time: `take_due`); any other step runs."""
+        counted: set[str] = set()
         for step in steps:
             status = step.status
             if status in (JobStepStatus.COMPLETED_SUCCESSFULLY, JobStepStatus.UNREACHABLE):
-                outcomes.append((step.stage, status))
-                self._steps.count(step.id)
-            elif status in FAILED_STEP_STATUSES:
+                outcomes[step.stage, status] += 1
+                counted.add(step.id)
+                continue
+            attempt = max(1, step.attempt)
+            if status in FAILED_STEP_STATUSES:
+                self._types.add(step.id, step.type)  # the decision is the step type's
                 decision = decide(step)
-                if decision.verdict is Verdict.RETRY:
-                    pending.setdefault(step.stage, []).append((step.id, step.attempt + 1))
-                    self._due[step.id] = (step.attempt + 1, decision.at)
-                else:
-                    outcomes.append((step.stage, JobStepStatus.FAILED))
-                    self._steps.count(step.id)
-            else:
-                # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
-                pending.setdefault(step.stage, []).append((step.id, max(1, step.attempt)))
-                if status == JobStepStatus.RUNNING and step.lease is not None and step.lease.host:
-                    self._sticky[step.id] = step.lease.host
-        self._current = None
-        self._next_attempt.clear()  # in place: the waiting steps read it
-        self._next_attempt.update(
-            (step_id, attempt)
-            for stage_pending in pending.values()
-            for step_id, attempt in stage_pending
-            if attempt != 1
-        )
-        return outcomes, pending
+                if decision.verdict is not Verdict.RETRY:
+                    outcomes[step.stage, JobStepStatus.FAILED] += 1
+                    counted.add(step.id)
+                    continue
+                attempt = step.attempt + 1
+                self._due[step.id] = (attempt, decision.at)
+            # Unknown, Scheduled, Running, Stopped: stored state is no proof that it runs.
+            elif status == JobStepStatus.RUNNING and step.lease is not None and step.lease.host:
+                self._sticky[step.id] = step.lease.host
+            if attempt != 1:
+                self._next_attempt[step.id] = attempt
+        self.index(((s.id, s.stage, s.name, s.type) for s in steps), more=True, counted=counted)

@@ -84,6 +84,11 @@ class PlannedIds:
         self._packed = PackedIds()
         self._others: set[str] = set()
 
+    def __contains__(self, step_id: object) -> bool:
+        return isinstance(step_id, str) and (
+            step_id in self._others or self._packed.find(step_id) >= 0
+        )
+
     def add(self, step_id: str) -> bool:
         """Note the id; False when it was noted before."""
         if step_id in self._others:

@@ -32,23 +32,23 @@ def stage_entry(progress: JobProgress, stage: int) -> JobStageProgress | None:
     return None
 
 
-def count(progress: JobProgress, stage: int, status: JobStepStatus) -> None:
-    """Count one outcome (success, failure, unreachable or stop) in place."""
+def count(progress: JobProgress, stage: int, status: JobStepStatus, n: int = 1) -> None:
+    """Count `n` outcomes (success, failure, unreachable or stop) in place."""
     entry = stage_entry(progress, stage)
     if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
-        progress.successful_steps += 1
+        progress.successful_steps += n
         if entry is not None:
-            entry.successful_steps += 1
+            entry.successful_steps += n
     elif status in (JobStepStatus.COMPLETED_WITH_FAILURE, JobStepStatus.FAILED):
-        progress.failed_steps += 1
+        progress.failed_steps += n
         if entry is not None:
-            entry.failed_steps += 1
+            entry.failed_steps += n
     elif status == JobStepStatus.UNREACHABLE:
-        progress.unreachable_steps += 1
+        progress.unreachable_steps += n
         if entry is not None:
-            entry.unreachable_steps += 1
+            entry.unreachable_steps += n
     elif status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
-        progress.stopped_steps += 1
+        progress.stopped_steps += n
     else:
         raise ValueError(f"{status!r} is not an outcome")
 
@@ -65,10 +65,10 @@ def mark_started(progress: JobProgress, stage: int) -> None:
 
 def reconcile(
     progress: JobProgress,
-    outcomes: Iterable[tuple[int, JobStepStatus]],
+    outcomes: Mapping[tuple[int, JobStepStatus], int],
     started_stages: Iterable[int],
 ) -> JobProgress:
-    """Progress recounted from the stored statuses of steps (stage, status).
+    """Progress recounted from how many steps of each (stage, status) storage holds.
 
     Stops are not carried over: a recount starts an execution's stop accounting afresh.
     Failures here are final failures: callers pass only failures that will not be retried.
@@ -85,7 +85,7 @@ def reconcile(
     )
     for stage in started_stages:
         mark_started(result, stage)
-    for stage, status in outcomes:
+    for (stage, status), n in outcomes.items():
         if status.is_final:
-            count(result, stage, status)
+            count(result, stage, status, n)
     return result

@@ -14,11 +14,12 @@ from ..jobs.errors import (
     StartJobError,
     UnreadableStepsError,
 )
-from ..jobs.state import JobStepProgress, StatusChange
+from ..jobs.state import JobStepProgress, JobStepState, StatusChange
 from ..jobs.status import FAILED_STEP_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import PREPARE_BATCH, ActivationCore
 from .outcomes import Outcomes
+from .packed_ids import PlannedIds
 from .planning import Plan, StoredPlan
 from .record import save_all
 from .recount import Recount
@@ -105,8 +106,14 @@ class Resuming:
         if not sizes:
             await self.outcomes.complete_safely()
             return ResumeJobSuccess.JOB_IS_COMPLETED
-        stored = await self._all_steps(self.core.ctx.storage.steps.get_all_for_job(self.core.id))
-        existing = {step.id for step in stored if step.is_prepared}
+        existing = PlannedIds()  # the engine's ids, ascending here, packed in 16 bytes each
+
+        def prepared(steps: list[JobStepState]) -> None:
+            for step in steps:
+                if step.is_prepared:
+                    existing.add(step.id)
+
+        await self._all_steps(self.recount.read(prepared, strict=True))
         await self.stages.locate()
         result = await self.starting.prepare_and_run(plan, existing, clean_start=False)
         if not result.succeeded and result.error not in (
@@ -173,18 +180,28 @@ class Resuming:
                 "the job does not allow resuming",
                 code=CannotRetryFailedError.JOB_CANNOT_BE_RESUMED,
             )
+        failed: list[str] = []
+        unreachable: list[str] = []
+
+        def note(steps: list[JobStepState]) -> None:
+            for step in steps:
+                if step.status in FAILED_STEP_STATUSES:
+                    failed.append(step.id)
+                elif step.status == JobStepStatus.UNREACHABLE:
+                    unreachable.append(step.id)
+
         try:
-            steps = await self.core.ctx.storage.steps.get_all_for_job(self.core.id)
+            await self.recount.read(note, strict=True)
         except UnreadableStepsError as error:
             raise RetryFailedRefused(
                 f"{error}; fix or remove those records first",
                 code=CannotRetryFailedError.UNREADABLE_STEPS,
             ) from error
-        failed = [step.id for step in steps if step.status in FAILED_STEP_STATUSES]
         chosen = failed
         if step_ids is not None:
             chosen = list(dict.fromkeys(step_ids))
-            others = [step_id for step_id in chosen if step_id not in set(failed)]
+            known = set(failed)
+            others = [step_id for step_id in chosen if step_id not in known]
             if others:
                 shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
                 raise RetryFailedRefused(
@@ -198,7 +215,6 @@ class Resuming:
             )
         # Steps a failed stage left unreachable run again too: whether they may is decided
         # again, once the steps run again have their outcomes.
-        unreachable = [step.id for step in steps if step.status == JobStepStatus.UNREACHABLE]
         state.rerun_steps = [*chosen, *unreachable]
         state.execution_generation += 1
         state.stop_finalized = False

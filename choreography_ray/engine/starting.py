@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,7 +259,7 @@ class Starting:
         return JobStartResult(self.id, code, reason)
 
     async def prepare_and_run(
-        self, plan: Plan, existing: set[str], *, clean_start: bool
+        self, plan: Plan, existing: Container[str], *, clean_start: bool
     ) -> JobStartResult:
         """Prepare every planned step not in `existing`, then enter Running and dispatch."""
         if clean_start and not self.core.ctx.options.worker_wait_timeout:
@@ -299,7 +299,7 @@ class Starting:
             return await self.fail(error, StartJobError.UNKNOWN)
         return await self._enter_running(resuming=not clean_start)
 
-    async def _prepare_steps(self, plan: Plan, existing: set[str]) -> str | None:
+    async def _prepare_steps(self, plan: Plan, existing: Container[str]) -> str | None:
         """Prepare and store every planned step not stored yet. Returns a failure reason.
 
         On a clean start the requests `prepare_steps` returned are used as they are (the plan

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterator
 
 from .packed_ids import PackedIds
@@ -41,10 +42,12 @@ class StepIndex:
         """Each step's stage at its position in `_sorted` (None: one stage)."""
         self._counted = bytearray()
         """1 at the position of each counted step of `_sorted`."""
+        self._counted_in_order: bytearray | None = None
+        """1 for each step added counted, in plan order (None until one is): a recount from
+        storage counts as it indexes, and the flags move to `_counted` on the first question."""
         self._unknown: set[str] = set()
         """Counted steps not indexed (counted before the plan was read, or not in it)."""
-        self.per_stage: dict[int, int] = {}
-        """Counted steps of each stage."""
+        self._per_stage: dict[int, int] = {}
         self._known_counted = 0
         self._epoch = 0
         """Moves on whenever steps may move to other positions: older hints are not used."""
@@ -55,19 +58,25 @@ class StepIndex:
         """Forget the steps, not what is counted: their counts follow the next `add`s."""
         self._drop_search()
         self._order, self._plan_stages, self._sizes = PackedIds(), None, {}
+        self._counted_in_order = None
         self._in_order, self._epoch = True, self._epoch + 1
 
     def _drop_search(self) -> None:
         """Let the search list go (rebuilt on the next question); counted ids wait apart."""
         self._unknown.update(self._counted_ids())
         self._sorted = self._stages = None
-        self._counted, self.per_stage, self._known_counted = bytearray(), {}, 0
+        self._counted, self._per_stage, self._known_counted = bytearray(), {}, 0
 
-    def add(self, step_id: str, stage: int) -> None:
-        """Know a step, after the ones known (plan order)."""
+    def add(self, step_id: str, stage: int, counted: bool = False) -> None:
+        """Know a step, after the ones known (plan order); `counted`: its outcome is."""
         order = self._order
         if self._sorted is not None:  # asked about before: searched again once complete
             self._drop_search()
+        flags = self._counted_in_order
+        if counted and flags is None:
+            flags = self._counted_in_order = bytearray(len(order))
+        if flags is not None:
+            flags.append(counted)
         if not order:
             self._first_stage = stage
         stages = self._plan_stages
@@ -102,10 +111,27 @@ class StepIndex:
                     stages[bisect_left(found, step_id)] = stage
                 self._stages = stages
         self._sorted, self._counted = found, bytearray(len(found))
+        flags, self._counted_in_order = self._counted_in_order, None
+        if flags is not None:
+            self._count_in_order(order, flags)
         unknown, self._unknown = self._unknown, set()
         for step_id in unknown:
             self.count(step_id)
         return found
+
+    def _count_in_order(self, order: PackedIds | list[str], flags: bytearray) -> None:
+        """Count the steps added counted, now that the search list holds them."""
+        if self._in_order:
+            self._counted = flags  # the same positions
+            self._known_counted = flags.count(1)
+            if self._plan_stages is None:
+                known = self._known_counted
+                self._per_stage = {self._first_stage: known} if known else {}
+            else:
+                self._per_stage = dict(Counter(itertools.compress(self._plan_stages, flags)))
+            return
+        for step_id in itertools.compress(order, flags):
+            self.count(step_id)
 
     def find(self, step_id: str, hint: int = -1) -> int:
         """The step's position, -1 when it is not indexed. `hint` (`hint`, or `steps_of`'s)
@@ -130,6 +156,12 @@ class StepIndex:
             yield from (found[at] for at, flag in enumerate(self._counted) if flag)
 
     # -- questions ------------------------------------------------------------------------------
+
+    @property
+    def per_stage(self) -> dict[int, int]:
+        """Counted steps of each stage."""
+        self._search()
+        return self._per_stage
 
     @property
     def size(self) -> int:
@@ -170,7 +202,7 @@ class StepIndex:
     def stage_done(self, stage: int) -> bool:
         """Every step of the stage is counted."""
         self._search()
-        return self.per_stage.get(stage, 0) >= self._sizes.get(stage, 0)
+        return self._per_stage.get(stage, 0) >= self._sizes.get(stage, 0)
 
     def steps_of(self, stage: int) -> Iterator[tuple[str, int]]:
         """The stage's steps in plan order, each with a hint for `find` (the plan order is the
@@ -196,7 +228,7 @@ class StepIndex:
             self._counted[at] = 1
             self._known_counted += 1
             stage = self._stage(at)
-            self.per_stage[stage] = self.per_stage.get(stage, 0) + 1
+            self._per_stage[stage] = self._per_stage.get(stage, 0) + 1
 
     def uncount(self, step_id: str) -> None:
         at = self.find(step_id)
@@ -205,9 +237,10 @@ class StepIndex:
         elif self._counted[at]:
             self._counted[at] = 0
             self._known_counted -= 1
-            self.per_stage[self._stage(at)] -= 1
+            self._per_stage[self._stage(at)] -= 1
 
     def clear_counted(self) -> None:
         self._unknown.clear()
+        self._counted_in_order = None
         self._counted = bytearray(len(self._sorted)) if self._sorted is not None else bytearray()
-        self.per_stage, self._known_counted = {}, 0
+        self._per_stage, self._known_counted = {}, 0

@@ -15,6 +15,7 @@ import asyncio
 
 from ..jobs.errors import RemoveJobError, RemoveJobFailed, StopJobError, StopJobFailed
 from ..jobs.retry import Backoff
+from ..jobs.state import JobStepState
 from ..jobs.status import RUNNING_JOB_STATUSES, JobStatus, JobStepStatus
 from . import progress as counting
 from .activation import ActivationCore
@@ -131,23 +132,26 @@ class Stopping:
         if ledger.loaded and ledger.current is not None:
             return candidates
         # A fresh activation: recount from storage, as the stored progress may lag behind.
-        steps, pending = await self.recount.load(strict=False)
+        stopped: list[tuple[str, int, int]] = []  # id, stage, generation: never the records
+
+        def note(step: JobStepState) -> None:
+            if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
+                stopped.append((step.id, step.stage, step.generation))
+
+        await self.recount.load(strict=False, each=note)
         state = self.record.state
         state.stopped_steps_counted = []
         earlier: set[str] = set()
-        for step in steps:
-            if step.status in (JobStepStatus.STOPPED, JobStepStatus.REMOVING):
-                ledger.count_stop(state, step.id)
-                counting.count(state.progress, step.stage, JobStepStatus.STOPPED)
-                ledger.settle(step.id)
-                if step.generation < state.execution_generation:
-                    earlier.add(step.id)
-        stage = ledger.first_open_stage()
-        if stage is not None:
-            counting.mark_started(state.progress, stage)
-            candidates.update(
-                step_id for step_id, _ in pending.get(stage, ()) if not ledger.is_counted(step_id)
-            )
+        for step_id, stage, generation in stopped:
+            ledger.count_stop(state, step_id)
+            counting.count(state.progress, stage, JobStepStatus.STOPPED)
+            ledger.settle(step_id)
+            if generation < state.execution_generation:
+                earlier.add(step_id)
+        first_open = ledger.first_open_stage()
+        if first_open is not None:
+            counting.mark_started(state.progress, first_open)
+            candidates.update(ledger.uncounted(first_open))
         # A stop stored by an earlier execution counts, once; but the run this execution
         # started for the step may still be live (queued, or waiting for that stop): it is told,
         # once, that the job stops or is removed, and its own stop is then already counted. A

@@ -34,7 +34,7 @@ from ..jobs.state import (
     PlannedStep,
 )
 from ..jobs.status import JobStepStatus
-from .protocols import StepCounts
+from .protocols import StepCounts, StepPart
 
 _PLAN_CHUNK: TypeAdapter[list[PlannedStep]] = TypeAdapter(list[PlannedStep])
 _STEP_SERIALIZER = JobStepState.__pydantic_serializer__
@@ -163,6 +163,12 @@ class RecordCodec:
             except _UNREADABLE as error:
                 unreadable[step_id] = error.message
         return states, unreadable
+
+    def step_part(self, rows: Sequence[StepRecord], take: int) -> StepPart:
+        """The part `rows` (at most `take`, in step-id order) make; a full part may not be the
+        last, a shorter one is."""
+        steps, unreadable = self.sort_steps(rows)
+        return StepPart(steps, unreadable, rows[-1][0] if len(rows) >= take else None)
 
     def decode_steps(
         self, job_id: str, rows: Iterable[StepRecord], *, strict: bool

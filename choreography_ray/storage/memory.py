@@ -8,10 +8,10 @@ opened on the same URL in one process share the data (as two hosts share a datab
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..jobs.errors import VersionConflictError
@@ -21,75 +21,26 @@ from ..jobs.state import JobKey, JobState, JobStepState, PlannedStep, to_micros
 from ..jobs.status import TERMINAL_JOB_STATUSES, JobStatus, JobStepStatus
 from .codec import (
     JobLookup,
-    RecordCodec,
     StepLookup,
     StepRecord,
     check_batch,
     check_id,
     check_job_key,
 )
-from .job_order import JobOrder
-from .protocols import PLAN_PART, JobQuery, JobsStorage, StepCounts, StorageCapabilities
+from .memory_rows import JobRow, MemoryStore, PartitionPart, StepRow
+from .protocols import (
+    PLAN_PART,
+    STEP_PART,
+    JobQuery,
+    JobsStorage,
+    StepCounts,
+    StepPart,
+    StorageCapabilities,
+    check_take,
+)
 from .provider import StorageProvider
-from .step_query import StepKey, StepPage, StepQuery, changed_micros, matches, select_page
+from .step_query import StepPage, StepQuery, changed_micros, matches, select_page
 from .url import StorageURL
-
-
-@dataclass
-class JobRow:
-    version: int
-    type: str
-    status: int
-    created_us: int
-    stop_finalized: bool
-    document: str
-    changed_us: int = 0
-
-    def order_key(self, job_id: str, order: JobOrder) -> tuple[int | str, ...]:
-        if order == JobOrder.CHANGED:
-            return (self.changed_us, job_id)
-        if order == JobOrder.ID:
-            return (job_id,)
-        if order == JobOrder.STATUS:
-            return (self.status, self.created_us, job_id)
-        return (self.created_us, job_id)
-
-
-@dataclass
-class StepRow:
-    version: int
-    status: int
-    stage: int
-    document: str
-    type: str = ""
-    position: int = 0
-    changed: int = 0
-    _key: StepKey | None = None
-
-    def key(self, step_id: str) -> StepKey:
-        """Made at the row's first listing and kept: a write replaces the row."""
-        if self._key is None:
-            self._key = StepKey(
-                step_id, self.stage, self.position, self.changed, self.status, self.type
-            )
-        return self._key
-
-
-@dataclass
-class Partition:
-    jobs: dict[str, JobRow] = field(default_factory=dict)
-    steps: dict[str, dict[str, StepRow]] = field(default_factory=dict)
-    plans: dict[tuple[str, int], list[str]] = field(default_factory=dict)
-
-
-@dataclass
-class MemoryStore:
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    partitions: dict[JobKey, Partition] = field(default_factory=dict)
-
-    def partition(self, key: JobKey) -> Partition:
-        with self.lock:
-            return self.partitions.setdefault(key, Partition())
 
 
 def _unfinished_in(row: JobRow, statuses: set[int]) -> bool:
@@ -154,17 +105,7 @@ class MemoryStorage(StorageProvider):
         )
 
 
-class _Base:
-    def __init__(
-        self, key: JobKey, partition: Partition, lock: threading.RLock, codec: RecordCodec
-    ) -> None:
-        self.key = key
-        self._p = partition
-        self._lock = lock
-        self._codec = codec
-
-
-class MemoryJobStorage(JobLookup, _Base):
+class MemoryJobStorage(JobLookup, PartitionPart):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
         with self._lock:
@@ -262,7 +203,7 @@ class MemoryJobStorage(JobLookup, _Base):
         return [state for state in decoded if state is not None]
 
 
-class MemoryJobStepStorage(StepLookup, _Base):
+class MemoryJobStepStorage(StepLookup, PartitionPart):
     async def find(self, job_id: str, step_id: str) -> JobStepState | None:
         check_id(job_id, "job id")
         check_id(step_id, "step id")
@@ -347,6 +288,23 @@ class MemoryJobStepStorage(StepLookup, _Base):
     ) -> list[JobStepState]:
         return self._codec.decode_steps(job_id, self._records(job_id, statuses), strict=True)
 
+    async def part_for_job(
+        self, job_id: str, after: str | None = None, take: int = STEP_PART
+    ) -> StepPart:
+        check_id(job_id, "job id")
+        check_take(take)
+        with self._lock:
+            rows = heapq.nsmallest(
+                take,
+                (
+                    (step_id, row.version, row.document)
+                    for step_id, row in self._p.steps.get(job_id, {}).items()
+                    if after is None or step_id > after
+                ),
+                key=lambda record: record[0],
+            )
+        return self._codec.step_part(rows, take)
+
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int:
@@ -405,7 +363,7 @@ class MemoryJobStepStorage(StepLookup, _Base):
             return len(doomed)
 
 
-class MemoryStepPlanStorage(_Base):
+class MemoryStepPlanStorage(PartitionPart):
     async def save_plan(self, job_id: str, incarnation: int, steps: Sequence[PlannedStep]) -> None:
         check_id(job_id, "job id")
         documents = [self._codec.encode_planned(planned) for planned in steps]

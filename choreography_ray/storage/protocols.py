@@ -164,6 +164,40 @@ def _finalized_stop(job: JobState) -> bool:
     return job.status == JobStatus.STOPPED and job.stop_finalized
 
 
+STEP_PART = 2_000
+"""Step records a part read for recovery (`JobStepStorage.part_for_job`) holds at most: about
+16 MB decoded, whatever the job's size."""
+
+
+@dataclass(frozen=True)
+class StepPart:
+    """A bounded part of a job's step records, in step-id order (`part_for_job`)."""
+
+    steps: list[JobStepState]
+    """The records of the part that can be read."""
+    unreadable: dict[str, str]
+    """Each record of the part that cannot be read, and why."""
+    last: str | None
+    """The last step id of the part, read or not: the next part starts after it. None when
+    the part ends the job's records."""
+
+
+def check_take(take: int) -> None:
+    if take < 1:
+        raise ValueError(f"a part of step records takes at least one record, not {take}")
+
+
+async def step_parts(steps: JobStepStorage, job_id: str) -> AsyncIterator[StepPart]:
+    """Every step record of the job, a part at a time, each read as the one before is used."""
+    after: str | None = None
+    while True:
+        part = await steps.part_for_job(job_id, after)
+        yield part
+        if part.last is None:
+            return
+        after = part.last
+
+
 @runtime_checkable
 class JobStepStorage(Protocol):
     async def get(self, job_id: str, step_id: str) -> JobStepState: ...
@@ -199,6 +233,16 @@ class JobStepStorage(Protocol):
         """`get_for_job` for the engine: every record, or `UnreadableStepsError` naming each
         one that cannot be read. A job is never resumed, counted or completed from part of
         its steps."""
+        ...
+
+    async def part_for_job(
+        self, job_id: str, after: str | None = None, take: int = STEP_PART
+    ) -> StepPart:
+        """At most `take` of the job's step records, in step-id order, those after step id
+        `after` (from the first without): what recovery reads (`step_parts`), so that a job of
+        millions of steps is never held whole. A record that cannot be read is named in the
+        part's `unreadable`, neither left out nor raised: the reader decides whether it
+        refuses (a resume does, a stop goes on)."""
         ...
 
     async def count_for_job(

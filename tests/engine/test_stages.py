@@ -278,12 +278,12 @@ def test_when_reconciling_from_steps_in_several_stages():
     base = counting.planned({0: 2, 1: 2})
     progress = counting.reconcile(
         base,
-        [
-            (0, JobStepStatus.COMPLETED_SUCCESSFULLY),
-            (0, JobStepStatus.FAILED),
-            (1, JobStepStatus.UNREACHABLE),
-            (1, JobStepStatus.RUNNING),
-        ],
+        {
+            (0, JobStepStatus.COMPLETED_SUCCESSFULLY): 1,
+            (0, JobStepStatus.FAILED): 1,
+            (1, JobStepStatus.UNREACHABLE): 1,
+            (1, JobStepStatus.RUNNING): 1,
+        },
         started_stages=[0],
     )
     assert (progress.successful_steps, progress.failed_steps, progress.unreachable_steps) == (

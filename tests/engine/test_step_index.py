@@ -187,3 +187,34 @@ def test_checking_a_plan_keeps_its_ids_in_16_bytes_each(monkeypatch):
     assert len(held) == 8
     grown = held[7] - held[2]  # five parts of ids noted: 80 bytes each as a set's strings
     assert grown < 0.5 * 80 * 5 * chunk  # packed: about 200 KB, with the arrays' growth
+
+
+def test_steps_added_counted_answer_as_counting_them_after_would():
+    """A recount flags each step as it is indexed, a part of the records at a time: in order
+    (packed ids) or not, one stage or several, the counts are those of counting afterwards."""
+    rng = random.Random(11)
+    packed = [(new_step_id(), rng.randrange(3)) for _ in range(1_000)]
+    chosen = [(f"step-{n:04d}", rng.randrange(3)) for n in range(1_000)]
+    rng.shuffle(chosen)
+    for steps in (packed, chosen, [(s, 0) for s, _ in packed], [(s, 5) for s, _ in chosen]):
+        done = {step_id for step_id, _ in steps if rng.random() < 0.4}
+        flagged = StepIndex()
+        for step_id, stage in steps:
+            flagged.add(step_id, stage, step_id in done)
+        counted_after = _index(steps)
+        for step_id in done:
+            counted_after.count(step_id)
+        assert flagged.per_stage == counted_after.per_stage
+        assert flagged.counted == counted_after.counted == len(done)
+        assert [s for s, _ in steps if flagged.is_counted(s)] == [s for s, _ in steps if s in done]
+        for stage in flagged.stages():
+            assert flagged.stage_done(stage) == counted_after.stage_done(stage)
+    # Flags are forgotten with the counts, and a part added after a question keeps them.
+    index = StepIndex()
+    index.add("a", 0, True)
+    index.clear_counted()
+    assert index.counted == 0 and not index.is_counted("a")
+    index.add("b", 1, True)
+    assert index.is_counted("b") and index.per_stage == {1: 1}
+    index.add("c", 1, True)  # after a question
+    assert index.counted == 2 and index.per_stage == {1: 2} and not index.is_counted("a")

@@ -84,13 +84,13 @@ class MemorySupport:
         return provider
 
     async def write_raw_job(self, provider, key, job_id, *, document, type, status, created_us):
-        from choreography_ray.storage.memory import JobRow
+        from choreography_ray.storage.memory_rows import JobRow
 
         partition = provider.store.partition(key)
         partition.jobs[job_id] = JobRow(1, type, status, created_us, False, document)
 
     async def write_raw_step(self, provider, key, job_id, step_id, *, document, status, stage):
-        from choreography_ray.storage.memory import StepRow
+        from choreography_ray.storage.memory_rows import StepRow
 
         partition = provider.store.partition(key)
         partition.steps.setdefault(job_id, {})[step_id] = StepRow(1, status, stage, document)

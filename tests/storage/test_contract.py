@@ -33,7 +33,7 @@ from choreography_ray.jobs import (
     VersionConflictError,
 )
 from choreography_ray.storage import JobQuery, StepCounts
-from choreography_ray.storage.protocols import PLAN_PART
+from choreography_ray.storage.protocols import PLAN_PART, STEP_PART, step_parts
 
 from ..strategies import job_states, job_step_states, register_examples
 from .conftest import JOB_TYPE, STEP_TYPE, ExampleRequest
@@ -784,6 +784,54 @@ def test_a_strict_load_of_readable_steps_is_the_listing(run, storage, make):
     running = [JobStepStatus.RUNNING]
     assert run(storage.steps.get_all_for_job("job", running)) == []
     assert run(storage.steps.get_all_for_job("nobody")) == []
+
+
+def test_a_job_s_records_are_read_in_parts_in_step_id_order_naming_the_unreadable(
+    run, support, provider, storage, key, make
+):
+    """What recovery reads: bounded parts across the stages, each record once, a record that
+    cannot be read named where it lies rather than left out or raised."""
+    _job_with_unreadable_steps(run, support, provider, storage, key, make)
+    parts = []
+    after = None
+    while True:
+        part = run(storage.steps.part_for_job("job", after, take=2))
+        parts.append(([s.id for s in part.steps], sorted(part.unreadable), part.last))
+        if part.last is None:
+            break
+        after = part.last
+    assert parts == [
+        ([], ["alien-1", "alien-2"], "alien-2"),
+        (["good-1"], ["broken"], "good-1"),
+        (["good-2"], [], None),  # shorter than asked: the last part
+    ]
+    assert "later.release.Step" in run(storage.steps.part_for_job("job")).unreadable["alien-1"]
+
+
+def test_reading_a_job_s_records_in_parts_reaches_every_one_and_only_its_own(run, storage, make):
+    ids = [f"s{n:05}" for n in range(STEP_PART + 1)]
+    run(storage.steps.save_many([make.step("job", i, stage=n % 3) for n, i in enumerate(ids)]))
+    run(storage.steps.save(make.step("other-job", "s00000")))
+
+    async def read_all(job_id):
+        return [part async for part in step_parts(storage.steps, job_id)]
+
+    parts = run(read_all("job"))
+    assert [len(part.steps) for part in parts] == [STEP_PART, 1]
+    assert [s.id for part in parts for s in part.steps] == ids
+    assert [part.last for part in parts] == [ids[STEP_PART - 1], None]
+    (empty,) = run(read_all("nobody"))
+    assert (empty.steps, empty.unreadable, empty.last) == ([], {}, None)
+    # A full last part is followed by an empty one.
+    exact = run(storage.steps.part_for_job("job", ids[0], take=STEP_PART))
+    assert exact.last == ids[-1]
+    after = run(storage.steps.part_for_job("job", exact.last, take=STEP_PART))
+    assert (after.steps, after.last) == ([], None)
+
+
+def test_a_part_of_no_records_is_refused(run, storage):
+    with pytest.raises(ValueError, match="at least one record, not 0"):
+        run(storage.steps.part_for_job("job", None, take=0))
 
 
 def test_an_unreadable_step_error_names_only_the_first_few_ids():

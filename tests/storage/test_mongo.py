@@ -281,6 +281,7 @@ EXPECTED_INDEXES = {
     },
     "job-steps": {
         "jobId_status",
+        "jobId_stepId",
         "jobId_stage_stepId",
         "jobId_stage_position_stepId",
         "jobId_changed_stepId",

@@ -54,6 +54,7 @@ _INDEXES: dict[str, list[tuple[str, list[tuple[str, int]]]]] = {
     ],
     STEPS: [
         ("jobId_status", [("jobId", ASCENDING), ("status", ASCENDING)]),
+        ("jobId_stepId", [("jobId", ASCENDING), ("stepId", ASCENDING)]),
         (
             "jobId_stage_stepId",
             [("jobId", ASCENDING), ("stage", ASCENDING), ("stepId", ASCENDING)],

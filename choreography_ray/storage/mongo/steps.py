@@ -14,7 +14,7 @@ from ...jobs.errors import VersionConflictError
 from ...jobs.state import JobStepState
 from ...jobs.status import JobStepStatus
 from ..codec import StepLookup, StepRecord, check_batch, check_id
-from ..protocols import StepCounts
+from ..protocols import STEP_PART, StepCounts, StepPart, check_take
 from ..step_query import (
     PREFIX_END,
     StepKey,
@@ -191,6 +191,25 @@ class MongoJobStepStorage(StepLookup, MongoRecords):
         return await self._run(
             lambda: self._codec.decode_steps(job_id, self._records(filter), strict=True)
         )
+
+    async def part_for_job(
+        self, job_id: str, after: str | None = None, take: int = STEP_PART
+    ) -> StepPart:
+        filter = self._filter(job_id, None)
+        check_take(take)
+        if after is not None:
+            filter["stepId"] = {"$gt": after}
+
+        def part() -> StepPart:
+            cursor = self._p.steps.find(filter, {"stepId": 1, "state": 1, "version": 1})
+            cursor = cursor.sort([("stepId", ASCENDING)]).limit(take)
+            rows = [
+                (str(d.get("stepId")), stored_version(d), raw_record(d.get("state")))
+                for d in cursor
+            ]
+            return self._codec.step_part(rows, take)
+
+        return await self._run(part)
 
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None

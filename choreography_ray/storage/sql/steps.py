@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, literal, select, tuple_
+from sqlalchemy import Connection, Select, and_, bindparam, delete, func, literal, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from ...jobs.errors import VersionConflictError
 from ...jobs.state import JobStepState
 from ...jobs.status import JobStepStatus
 from ..codec import StepLookup, StepRecord, check_batch, check_id
-from ..protocols import StepCounts
+from ..protocols import STEP_PART, StepCounts, StepPart, check_take
 from ..step_query import (
     PREFIX_END,
     StepKey,
@@ -266,6 +266,24 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         with self.provider.autocommit() as own:
             return [(i, version, record) for i, version, record in own.execute(statement)]
 
+    async def part_for_job(
+        self, job_id: str, after: str | None = None, take: int = STEP_PART
+    ) -> StepPart:
+        """One range of the primary key: a part costs its own rows, wherever it starts."""
+        check_id(job_id, "job id")
+        check_take(take)
+        c = steps_table.c
+        where = (
+            self._where(job_id) if after is None else and_(self._where(job_id), c.step_id > after)
+        )
+        statement = select(c.step_id, c.version, c.state).where(where).order_by(c.step_id)
+        return await self._run(self._part, statement.limit(take), take)
+
+    def _part(self, statement: Select[Any], take: int) -> StepPart:
+        with self.provider.autocommit() as connection:
+            rows = connection.execute(statement)
+            return self._codec.step_part([(i, v, record) for i, v, record in rows], take)
+
     async def count_for_job(
         self, job_id: str, statuses: Iterable[JobStepStatus] | None = None
     ) -> int:
@@ -411,21 +429,8 @@ def _record_only(full: tuple[Any, ...]) -> tuple[Any, ...]:
     """The parameters of `update_step_record` from those of `update_step`."""
     (type_, name, stage, status, position, changed, version, document) = full[:8]
     scope, namespace, job_id, step_id, read = full[8:]
-    return (
-        name,
-        version,
-        document,
-        scope,
-        namespace,
-        job_id,
-        step_id,
-        read,
-        status,
-        type_,
-        stage,
-        position,
-        changed,
-    )
+    keys = (scope, namespace, job_id, step_id, read)
+    return (name, version, document, *keys, status, type_, stage, position, changed)
 
 
 class _Lost(Exception):
