@@ -13,6 +13,7 @@ from choreography_ray.jobs.state import JobStepState
 from choreography_ray.storage.protocols import StepPart
 from choreography_ray.testing import InProcessCluster
 
+from ..benchmark_modules import load_benchmark
 from .fixtures import ScenarioJob, request, wrap_steps
 
 PART = 3
@@ -137,3 +138,9 @@ def test_a_recovered_job_stopped_counts_its_stops_from_its_records_a_part_at_a_t
     progress = stopped.progress
     assert (progress.successful_steps, progress.failed_steps) == (5, 1)
     assert progress.stopped_steps == len(RUNNING)
+
+
+def test_the_recount_memory_benchmark_recovers_a_job_counting_each_step_once(run, tmp_path):
+    recount = load_benchmark("recount_memory")
+    line = run(recount.measure(300, str(tmp_path)))
+    assert line.startswith("300 records: JOB_IS_COMPLETED, RSS before ")
