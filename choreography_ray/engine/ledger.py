@@ -71,8 +71,7 @@ class StepLedger:
         self._urgent: set[str] = set()
         """Steps sent again after their run was lost: their next start is urgent."""
         self._losses: list[str] = []
-        """Every worker host this activation was told it lost, in order: a dispatch answered
-        after a loss sends again what went to that host."""
+        """Worker hosts lost, in order: a dispatch answered after a loss sends theirs again."""
         self._fresh: dict[str, Prepared] = {}
         """Steps this activation prepared and stored, not yet started: the first start of each
         carries its record, which the worker then need not read back (at most `FRESH_LIMIT`;
@@ -107,7 +106,8 @@ class StepLedger:
         return self._names.get(step_id, "")
 
     def is_counted(self, step_id: str) -> bool:
-        return self._steps.is_counted(step_id)
+        entry = self._tracked.get(step_id)  # every report asks: its start's hint spares a search
+        return self._steps.is_counted(step_id, self._steps.find(step_id, entry.at if entry else -1))
 
     def entry(self, step_id: str) -> Tracked | None:
         """The step's tracked start, if it is tracked."""

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from choreography_ray.bench import NoopFanOut, NoopItem, NoopStep
 from choreography_ray.engine import planning
 from choreography_ray.engine.ledger import StepLedger
-from choreography_ray.engine.packed_ids import PlannedIds
+from choreography_ray.engine.packed_ids import PackedIds, PlannedIds
 from choreography_ray.engine.planning import plan_parts
 from choreography_ray.engine.step_index import StepIndex
 from choreography_ray.jobs import default_registry
@@ -218,3 +218,26 @@ def test_steps_added_counted_answer_as_counting_them_after_would():
     assert index.is_counted("b") and index.per_stage == {1: 1}
     index.add("c", 1, True)  # after a question
     assert index.counted == 2 and index.per_stage == {1: 2} and not index.is_counted("a")
+
+
+def test_a_report_of_a_started_step_is_checked_without_a_search(monkeypatch):
+    """Every report first asks whether its step is counted: a started step answers from its
+    start's position, as its count does, rather than a search per report."""
+    ledger = StepLedger()
+    ids = [new_step_id() for _ in range(3)]
+    ledger.index((step_id, 0, "", "noop") for step_id in ids)
+    ledger.open(0)
+    ledger.start(2, 1, NOW)
+    searches: list[str] = []
+    search = PackedIds.find
+
+    def counting(self: PackedIds, step_id: str) -> int:
+        searches.append(step_id)
+        return search(self, step_id)
+
+    monkeypatch.setattr(PackedIds, "find", counting)
+    assert not ledger.is_counted(ids[0]) and not ledger.is_counted(ids[1])
+    ledger.settle(ids[0])
+    assert ledger.is_counted(ids[0])  # no longer started: found by a search
+    assert searches == [ids[0]]
+    assert not ledger.is_counted(ids[2]) and searches == [ids[0], ids[2]]
