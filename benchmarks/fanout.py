@@ -279,7 +279,7 @@ def _print_tables(rows, configs: list[Config]) -> None:
         cells = [median(ray_cpu) * 10_000 / n] + [
             median(by_config[name][1]) * 10_000 / n for name in names
         ]
-        print(f"| {n:,} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+        print(f"| {n:,} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     print("\nstep latency, dispatch to persisted outcome (median run), seconds")
     print("| N | config | p50 | p99 |")
     print("|---:|---|---:|---:|")

@@ -175,6 +175,7 @@ def start_large(
             if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
                 raise RuntimeError(f"the {steps}-step job ended {state.status if state else '-'}")
             print(f"run {steps:,} steps: {seconds:.1f} s", flush=True)
+            print(f"phases: {_phases(state)}", flush=True)
             if steps == run_steps:
                 run = {
                     "steps": steps,
@@ -187,6 +188,15 @@ def start_large(
     finally:
         stop_hosts(namespace)
     return rows, run
+
+
+def _phases(state: Any) -> str:
+    """Seconds from the job's creation to each status it went through, from its record."""
+    created = state.created
+    return ", ".join(
+        f"{JobStatus(change.status).name} {(change.occurred - created).total_seconds():.1f}"
+        for change in state.status_changes
+    )
 
 
 def start_postgres(admin_url: str, sizes: list[int], args: argparse.Namespace) -> list[Any]:
