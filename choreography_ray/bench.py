@@ -172,6 +172,19 @@ async def dispatch_latencies(
     return found
 
 
+def _released(namespace: str, before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The hosts' statistics once the finished job's activation has let go (within 10 s): a
+    controller counts the writes of released activations only, and a large job can still be
+    held when its terminal status is read (its writes then went uncounted)."""
+    live = before["controller"].get("live_jobs", 0)
+    deadline = time.monotonic() + 10.0
+    after = host_stats(namespace)
+    while after["controller"].get("live_jobs", 0) > live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = host_stats(namespace)
+    return after
+
+
 def run_fanout(
     jobs: Any,
     steps: int,
@@ -192,7 +205,7 @@ def run_fanout(
         seconds = time.perf_counter() - began
     if state is None or state.status != JobStatus.COMPLETED_SUCCESSFULLY:
         raise RuntimeError(f"the benchmark job ended {state.status if state else 'cleared'}")
-    after = host_stats(jobs.namespace)
+    after = _released(jobs.namespace, before)
     latencies = asyncio.run(dispatch_latencies(storage_url, jobs.namespace, [job_id]))[job_id]
     return FanOutRun(
         label=label,
