@@ -13,7 +13,9 @@ Everything runs on one local Ray that the script starts and shuts down. Sections
 - run: while the SQLite job of `--run-steps` steps runs, the resident memory of the
   controller and worker host processes is sampled from /proc every second, and the client's
   get/list and (`--cli`) the `choreography jobs show`/`jobs list` commands are timed every
-  `--probe-every` seconds.
+  `--probe-every` seconds. When it completes, its phases are printed from the job's status
+  history: seconds from its creation to PreparingSteps (`start()` has saved the plan), to
+  Running (every step prepared and stored) and to its completion.
 - jobs: `--jobs` concurrent jobs of 100 steps; time until all complete, controller memory.
 - latency: `--latency` one-step jobs after 10 warm-up jobs; `start()` p50/p99.
 """
