@@ -172,15 +172,20 @@ async def dispatch_latencies(
     return found
 
 
-def _released(namespace: str, before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The hosts' statistics once the finished job's activation has let go (within 10 s): a
-    controller counts the writes of released activations only, and a large job can still be
-    held when its terminal status is read (its writes then went uncounted)."""
+def _released(
+    namespace: str,
+    before: dict[str, dict[str, Any]],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, dict[str, Any]]:
+    """The hosts' statistics once the finished job's activation has let go (within 10 s of
+    `clock`): a controller counts the writes of released activations only, and a large job
+    can still be held when its terminal status is read (its writes then went uncounted)."""
     live = before["controller"].get("live_jobs", 0)
-    deadline = time.monotonic() + 10.0
+    deadline = clock() + 10.0
     after = host_stats(namespace)
-    while after["controller"].get("live_jobs", 0) > live and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while after["controller"].get("live_jobs", 0) > live and clock() < deadline:
+        sleep(0.05)
         after = host_stats(namespace)
     return after
 

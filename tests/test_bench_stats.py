@@ -14,27 +14,46 @@ def _stats(live: int, rows: int) -> dict[str, dict[str, Any]]:
     return {"controller": {"live_jobs": live, "step_rows": rows}, "worker": {"step_rows": rows}}
 
 
+class _Clock:
+    """Time that moves 1 s with each reading of the hosts' statistics; polls never sleep."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
 @pytest.fixture
-def readings(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, dict[str, Any]]]:
-    """What successive `host_stats` calls return; polls do not sleep, time moves 1 s a read."""
+def clock() -> _Clock:
+    return _Clock()
+
+
+@pytest.fixture
+def readings(monkeypatch: pytest.MonkeyPatch, clock: _Clock) -> list[dict[str, dict[str, Any]]]:
+    """What successive `host_stats` calls return (the last one again once the rest are read)."""
     queue: list[dict[str, dict[str, Any]]] = []
-    clock = [0.0]
 
     def host_stats(namespace: str) -> dict[str, dict[str, Any]]:
-        clock[0] += 1.0
+        clock.now += 1.0
         return queue.pop(0) if len(queue) > 1 else queue[0]
 
     monkeypatch.setattr(bench, "host_stats", host_stats)
-    monkeypatch.setattr(bench.time, "sleep", lambda seconds: None)
-    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
     return queue
 
 
-def test_the_counters_are_read_once_the_job_released(readings: list[Any]) -> None:
+def test_the_counters_are_read_once_the_job_released(readings: list[Any], clock: _Clock) -> None:
     readings.extend([_stats(live=1, rows=0), _stats(live=1, rows=0), _stats(live=0, rows=7)])
-    assert bench._released("ns", _stats(live=0, rows=0))["controller"]["step_rows"] == 7
+    after = bench._released("ns", _stats(live=0, rows=0), clock, clock.sleep)
+    assert after["controller"]["step_rows"] == 7
 
 
-def test_a_job_never_released_is_waited_for_a_bounded_time(readings: list[Any]) -> None:
+def test_a_job_never_released_is_waited_for_a_bounded_time(
+    readings: list[Any], clock: _Clock
+) -> None:
     readings.append(_stats(live=1, rows=0))
-    assert bench._released("ns", _stats(live=0, rows=0))["controller"]["live_jobs"] == 1
+    after = bench._released("ns", _stats(live=0, rows=0), clock, clock.sleep)
+    assert after["controller"]["live_jobs"] == 1 and clock.now == 10.0
