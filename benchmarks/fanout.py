@@ -6,6 +6,7 @@
     python benchmarks/fanout.py --soak 100        # host memory across 100 jobs of 1,000 steps
     python benchmarks/fanout.py --fairness --fairness-steps 100000   # a small job beside a large
     python benchmarks/fanout.py --map --sizes 10000,100000   # jobs.map beside ray.get, 2 kinds
+    python benchmarks/fanout.py --waves 1,2,5,10 --sizes 10000 --runs 3   # N steps as W jobs
 
 For each N: plain Ray tasks (`ray.get` over N no-op remote calls) and a job of N no-op async
 steps in each configuration of `--configs`:
@@ -423,6 +424,40 @@ def fairness(args: argparse.Namespace, workdir: Path) -> None:
     )
 
 
+def waves(args: argparse.Namespace, workdir: Path) -> None:
+    """N steps as one job, and as W jobs of N / W started one after another, default options.
+
+    A `start()` returns once its job is Running, so each later job's planning and preparation
+    run while the jobs before it run their steps: what overlapping preparation with running
+    would give, without changing the engine, at the price of W jobs' own records and hooks.
+    Wave counts alternate within each of `--runs` rounds; medians."""
+    jobs, _ = _connect(workdir, "waves")
+    jobs.wait(jobs.start(NoopFanOut, BenchRequest(steps=2000)), interval=0.005)  # warm-up
+    counts = [int(w) for w in args.waves.split(",")]
+    for n in [int(s) for s in args.sizes.split(",")]:
+        measured: dict[int, list[tuple[float, float]]] = {w: [] for w in counts}
+        for _ in range(args.runs):
+            for w in counts:
+                began, cpu = time.perf_counter(), cpu_seconds()
+                started = [jobs.start(NoopFanOut, BenchRequest(steps=n // w)) for _ in range(w)]
+                for job_id in started:
+                    state = jobs.wait(job_id, interval=0.005)
+                    if state is None or state.status != cr.JobStatus.COMPLETED_SUCCESSFULLY:
+                        raise RuntimeError(f"a job ended {state.status if state else 'cleared'}")
+                seconds = time.perf_counter() - began
+                steps = n // w * w
+                measured[w].append((steps / seconds, (cpu_seconds() - cpu) / steps * 1e6))
+        print(f"\nN={n:,}, medians of {args.runs}")
+        print("| jobs | steps/s | CPU µs/step | every run (steps/s) |")
+        print("|---:|---:|---:|---|")
+        for w, runs in measured.items():
+            rates = ", ".join(f"{rate:,.0f}" for rate, _ in runs)
+            print(
+                f"| {w} | {median([r for r, _ in runs]):,.0f} | "
+                f"{median([c for _, c in runs]):.0f} | {rates} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
@@ -459,6 +494,9 @@ def main() -> None:
     )
     parser.add_argument("--fairness-steps", type=int, default=100_000, help="the large job's")
     parser.add_argument(
+        "--waves", default="", help="comma-separated job counts: N steps as W jobs in a row"
+    )
+    parser.add_argument(
         "--map", action="store_true", help="jobs.map beside ray.get: a no-op, and 10 ms"
     )
     args = parser.parse_args()
@@ -478,10 +516,12 @@ def main() -> None:
                 fairness(args, Path(tmp))
             elif args.soak:
                 soak(args, Path(tmp))
+            elif args.waves:
+                waves(args, Path(tmp))
             else:
                 fanout(args, Path(tmp))
     finally:
-        for name in (*CONFIGS, "soak", "fairness", "map"):
+        for name in (*CONFIGS, "soak", "fairness", "map", "waves"):
             stop_hosts(f"bench-{name}")
         ray.shutdown()
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
