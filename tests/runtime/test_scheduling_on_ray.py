@@ -134,17 +134,33 @@ def test_an_adaptive_window_settles_at_what_a_throttling_service_takes(cluster):
         ray.kill(service)
 
 
+ATTEMPTS = 3
+"""Jobs the step-level key test may run until the key's runs span both worker hosts."""
+
+
 def test_a_step_level_key_holds_across_two_worker_hosts(cluster, tmp_path):
     """Four steps of one key limited to one at a time, two of another key, on two worker
     hosts of one slot each: the key's runs never overlap although both hosts run some, and
-    a run waiting for its key leaves its host's slot to the other key."""
+    a run waiting for its key leaves its host's slot to the other key.
+
+    Which host runs which step is the dispatcher's choice, and now and then (once in three
+    runs of the suite, 2026-12-04) all four of the key's runs land on one host, which proves
+    nothing across hosts: such a job is run again, up to `ATTEMPTS` jobs in all, each checked
+    the same way."""
     jobs = cluster.jobs
-    job_id = jobs.start(KeyedCallsJob, Keyed(directory=str(tmp_path)))
-    assert jobs.wait(job_id, timeout=120).status == JobStatus.COMPLETED_SUCCESSFULLY
-    acme = performed(tmp_path, "acme")
-    assert len(acme) == 4 and len(performed(tmp_path, "globex")) == 2
-    assert all(first[1] <= then[0] for first, then in itertools.pairwise(acme))  # one at a time
-    assert len({node for *_, node in acme}) == 2
+    nodes: set[str] = set()
+    for attempt in range(ATTEMPTS):
+        directory = tmp_path / f"job-{attempt}"
+        directory.mkdir()
+        job_id = jobs.start(KeyedCallsJob, Keyed(directory=str(directory)))
+        assert jobs.wait(job_id, timeout=120).status == JobStatus.COMPLETED_SUCCESSFULLY
+        acme = performed(directory, "acme")
+        assert len(acme) == 4 and len(performed(directory, "globex")) == 2
+        assert all(first[1] <= then[0] for first, then in itertools.pairwise(acme))  # one at a time
+        nodes = {node for *_, node in acme}
+        if len(nodes) == 2:
+            break
+    assert len(nodes) == 2, f"the key's runs were on one host in each of {ATTEMPTS} jobs"
 
 
 def _start_on(controller: str, request: Tenant, job_id: str) -> None:
