@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..jobs.errors import ActivationCallbackRejected
-from ..jobs.registry import TypeKind, trusted
+from ..jobs.registry import TypeKind, trusted, trusted_sharing
 from ..jobs.retry import error_type_name
 from ..jobs.state import JobStepProgress, KeyWait, StatusChange, StepError, StepLease
 from ..jobs.status import JobStepStatus
@@ -33,6 +33,8 @@ from .writer import StaleRecord, StepWriter, Tracked
 log = logging.getLogger("choreography_ray.engine")
 
 _DONE = JobStepProgress(percentage=100.0, message="")
+_STEP_CHANGE_FIELDS = {"status", "occurred", "exception_messages", "exception_stack_trace"}
+"""The fields a step's status change sets (a step's has no host), shared by all of them."""
 
 
 class StepRun:
@@ -204,15 +206,30 @@ class StepRun:
         state.__dict__.update(changes)
         state.__pydantic_fields_set__.update(changes)
 
-    def _status(self, status: JobStepStatus, error: StepError | None = None) -> None:
-        change = trusted(
+    def _status(
+        self,
+        status: JobStepStatus,
+        error: StepError | None = None,
+        changes: dict[str, Any] | None = None,
+    ) -> None:
+        """Enter `status`, with other `changes` to the record made in the same update."""
+        change = trusted_sharing(
             StatusChange,
-            status=int(status),
-            occurred=self.worker.clock.now(),
-            exception_messages=list(error.messages) if error else [],
-            exception_stack_trace=error.stack_trace if error else "",
+            _STEP_CHANGE_FIELDS,
+            {
+                "status": int(status),
+                "occurred": self.worker.clock.now(),
+                "exception_messages": list(error.messages) if error else [],
+                "exception_stack_trace": error.stack_trace if error else "",
+            },
         )
-        self._set(status=status, status_changes=[*self.record.state.status_changes, change])
+        state = self.record.state
+        if changes is None:
+            changes = {}
+        changes["status"] = status
+        changes["status_changes"] = [*state.status_changes, change]
+        state.__dict__.update(changes)
+        state.__pydantic_fields_set__.update(changes)
 
     @property
     def _writer(self) -> StepWriter:
@@ -333,10 +350,17 @@ class StepRun:
             heartbeat=worker.clock.now(),
             host=worker.host,
         )
-        self._set(
-            attempt=self.attempt, generation=self.generation, lease=lease, error=None, decision=None
+        self._status(
+            JobStepStatus.RUNNING,
+            None,
+            {
+                "attempt": self.attempt,
+                "generation": self.generation,
+                "lease": lease,
+                "error": None,
+                "decision": None,
+            },
         )
-        self._status(JobStepStatus.RUNNING)
         self._write_later()  # the outcome's write follows it in order, and is waited for
         self._started = time.perf_counter()
         self.worker.metrics.step_started()
@@ -422,14 +446,17 @@ class StepRun:
         self.release_slot()
         if self.worker.closed:
             return None
-        if self._user_state is not None:
-            self._set(state=self.worker.registry.dump(self._user_state))
         # The lease stays with the outcome: which run stored it (host, activation; the attempt
         # and generation are the record's own). A run stopped before it ran has none.
-        lease = self.record.state.lease if self._started is not None else None
-        self._set(result=result, error=error, lease=lease)
+        changes = {
+            "result": result,
+            "error": error,
+            "lease": self.record.state.lease if self._started is not None else None,
+        }
+        if self._user_state is not None:
+            changes["state"] = self.worker.registry.dump(self._user_state)
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:
-            self._set(progress=_DONE)
-        self._status(status, error)
+            changes["progress"] = _DONE
+        self._status(status, error, changes)
         self._report = outcome_report(self.record.state, self.generation, self.attempt)
         return self._write()

