@@ -207,27 +207,21 @@ class StepRun:
         state.__pydantic_fields_set__.update(changes)
 
     def _status(
-        self,
-        status: JobStepStatus,
-        error: StepError | None = None,
-        changes: dict[str, Any] | None = None,
+        self, status: JobStepStatus, error: StepError | None, changes: dict[str, Any]
     ) -> None:
-        """Enter `status`, with other `changes` to the record made in the same update."""
-        change = trusted_sharing(
-            StatusChange,
-            _STEP_CHANGE_FIELDS,
-            {
-                "status": int(status),
-                "occurred": self.worker.clock.now(),
-                "exception_messages": list(error.messages) if error else [],
-                "exception_stack_trace": error.stack_trace if error else "",
-            },
-        )
+        """Enter `status` for `error`, making the record's other `changes` in the same update."""
         state = self.record.state
-        if changes is None:
-            changes = {}
+        change = {
+            "status": int(status),
+            "occurred": self.worker.clock.now(),
+            "exception_messages": list(error.messages) if error else [],
+            "exception_stack_trace": error.stack_trace if error else "",
+        }
         changes["status"] = status
-        changes["status_changes"] = [*state.status_changes, change]
+        changes["status_changes"] = [
+            *state.status_changes,
+            trusted_sharing(StatusChange, _STEP_CHANGE_FIELDS, change),
+        ]
         state.__dict__.update(changes)
         state.__pydantic_fields_set__.update(changes)
 
@@ -350,17 +344,9 @@ class StepRun:
             heartbeat=worker.clock.now(),
             host=worker.host,
         )
-        self._status(
-            JobStepStatus.RUNNING,
-            None,
-            {
-                "attempt": self.attempt,
-                "generation": self.generation,
-                "lease": lease,
-                "error": None,
-                "decision": None,
-            },
-        )
+        running = {"attempt": self.attempt, "generation": self.generation, "lease": lease}
+        running["error"] = running["decision"] = None  # the last attempt's, if any, are gone
+        self._status(JobStepStatus.RUNNING, None, running)
         self._write_later()  # the outcome's write follows it in order, and is waited for
         self._started = time.perf_counter()
         self.worker.metrics.step_started()
@@ -448,11 +434,8 @@ class StepRun:
             return None
         # The lease stays with the outcome: which run stored it (host, activation; the attempt
         # and generation are the record's own). A run stopped before it ran has none.
-        changes = {
-            "result": result,
-            "error": error,
-            "lease": self.record.state.lease if self._started is not None else None,
-        }
+        lease = self.record.state.lease if self._started is not None else None
+        changes: dict[str, Any] = {"result": result, "error": error, "lease": lease}
         if self._user_state is not None:
             changes["state"] = self.worker.registry.dump(self._user_state)
         if status == JobStepStatus.COMPLETED_SUCCESSFULLY:

@@ -394,3 +394,27 @@ def test_a_failure_told_again_during_its_backoff_is_not_decided_again(run, clust
     assert ignored == 1  # the second telling, before the retry went
     assert state is not None and state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert script.runs == [("a", 1), ("a", 2)]
+
+
+def test_a_retried_step_s_running_record_holds_no_earlier_error_or_decision(run, cluster, script):
+    """While attempt 2 runs, its stored record says Running with no error and no decision:
+    the first attempt's failure and the decision on it belong to that attempt's outcome."""
+    script.behaviour["a"].fail_times = 1
+
+    async def scenario():
+        result = await cluster.start(RetryingJob, request("a"))
+        await cluster.settle()
+        [failed] = await cluster.storage().steps.get_for_job(result.job_id)
+        script.behaviour["a"].block = True  # attempt 2 waits, Running, for the test to look
+        await cluster.advance(1)
+        await cluster.settle()
+        [running] = await cluster.storage().steps.get_for_job(result.job_id)
+        script.release("a")
+        return failed, running, await cluster.wait(result.job_id)
+
+    failed, running, state = run(scenario())
+    assert failed.status == JobStepStatus.COMPLETED_WITH_FAILURE
+    assert failed.error is not None and failed.decision is not None
+    assert (running.status, running.attempt) == (JobStepStatus.RUNNING, 2)
+    assert running.error is None and running.decision is None
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
