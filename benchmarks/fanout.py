@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 
 import ray
-from profiling import Recording, cpu_by_role, cpu_seconds, process_cpu
+from profiling import Recording, cpu_by_role, cpu_seconds, process_cpu, thread_cpu
 
 import choreography_ray as cr
 from choreography_ray.bench import (
@@ -138,7 +138,7 @@ def _measured(what, *args):
 @contextmanager
 def _window(spent: list[float], config: Config, n: int, profile: Path | None):
     """The CPU of a job's run from `start()` to its terminal status; with `profile`, that
-    span's CPU by process and sampled stacks of the driver and the host actors."""
+    span's CPU by process and by host thread, and sampled stacks of the driver and the hosts."""
     recording = None
     if profile is not None:
         stats = host_stats(config.namespace)
@@ -147,6 +147,7 @@ def _window(spent: list[float], config: Config, n: int, profile: Path | None):
         recording = Recording(profile, f"{config.name}-{n}")
         recording.start(pids)
         by_process = process_cpu()
+        by_thread = {role: thread_cpu(pid) for role, pid in pids.items()}
     cpu = cpu_seconds()
     try:
         yield
@@ -163,6 +164,13 @@ def _window(spent: list[float], config: Config, n: int, profile: Path | None):
                     if seconds >= 0.01
                 )
             )
+            for role, pid in pids.items():
+                threads = thread_cpu(pid)
+                threads.subtract(by_thread[role])
+                print(
+                    f"CPU by thread, {role} (seconds): "
+                    + ", ".join(f"{name} {s:.2f}" for name, s in threads.most_common() if s >= 0.01)
+                )
             print(recording.summary(), flush=True)
 
 

@@ -1,4 +1,5 @@
-"""Where the CPU of a fan-out goes: sampled stacks of every host process, and CPU per process.
+"""Where the CPU of a fan-out goes: sampled stacks of every host process, CPU per process and
+per host thread.
 
 `benchmarks/fanout.py --profile DIR` records, while each choreography_ray configuration runs
 its largest N, py-spy's sampled stacks of the driver and of every host actor (`pip install
@@ -59,6 +60,24 @@ def _role(title: str, pid: int) -> str:
     if title.startswith("ray::"):
         return title.split()[0]  # ray::ControllerHost, ray::WorkerHost, ray::IDLE, ...
     return Path(title).name or "?"
+
+
+def thread_cpu(pid: int) -> Counter[str]:
+    """CPU seconds of each live thread of process `pid` so far, by thread name, from /proc.
+    In a host actor the busy one is the thread that runs its event loop, which Ray names after
+    the process's first title (`ray::IDLE`); "main" is the process's first thread."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    spent: Counter[str] = Counter()
+    for entry in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{entry}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        name = f"{name} (main)" if int(entry) == pid else name
+        fields = stat.rsplit(")", 1)[1].split()
+        spent[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return spent
 
 
 def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]):
