@@ -30,7 +30,7 @@ def process_cpu() -> dict[int, tuple[str, float]]:
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            _, fields = _stat(f"/proc/{entry}/stat")
             title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (OSError, UnicodeDecodeError):
             continue
@@ -65,19 +65,24 @@ def _role(title: str, pid: int) -> str:
 def thread_cpu(pid: int) -> Counter[str]:
     """CPU seconds of each live thread of process `pid` so far, by thread name, from /proc.
     In a host actor the busy one is the thread that runs its event loop, which Ray names after
-    the process's first title (`ray::IDLE`); "main" is the process's first thread."""
+    the process's first title (`ray::IDLE`); the process's first thread is marked "(main)"."""
     ticks = os.sysconf("SC_CLK_TCK")
     spent: Counter[str] = Counter()
     for entry in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = Path(f"/proc/{pid}/task/{entry}/stat").read_text()
+            name, fields = _stat(f"/proc/{pid}/task/{entry}/stat")
         except OSError:
             continue  # the thread ended
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
         name = f"{name} (main)" if int(entry) == pid else name
-        fields = stat.rsplit(")", 1)[1].split()
         spent[name] += (int(fields[11]) + int(fields[12])) / ticks
     return spent
+
+
+def _stat(path: str) -> tuple[str, list[str]]:
+    """A /proc stat file's name (between its parentheses, which may hold spaces) and the
+    fields after it, the state first."""
+    stat = Path(path).read_text()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 1 :].split()
 
 
 def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]):

@@ -197,6 +197,9 @@ class StepRun:
     # -- the run ----------------------------------------------------------------------------
 
     def _set(self, **changes: Any) -> None:
+        self._update(changes)
+
+    def _update(self, changes: dict[str, Any]) -> None:
         """Replace fields, never mutate them: a flush may be copying the record meanwhile.
 
         Does what pydantic's assignment does for a field without validation (store the value,
@@ -210,7 +213,6 @@ class StepRun:
         self, status: JobStepStatus, error: StepError | None, changes: dict[str, Any]
     ) -> None:
         """Enter `status` for `error`, making the record's other `changes` in the same update."""
-        state = self.record.state
         change = {
             "status": int(status),
             "occurred": self.worker.clock.now(),
@@ -219,11 +221,10 @@ class StepRun:
         }
         changes["status"] = status
         changes["status_changes"] = [
-            *state.status_changes,
+            *self.record.state.status_changes,
             trusted_sharing(StatusChange, _STEP_CHANGE_FIELDS, change),
         ]
-        state.__dict__.update(changes)
-        state.__pydantic_fields_set__.update(changes)
+        self._update(changes)
 
     @property
     def _writer(self) -> StepWriter:
