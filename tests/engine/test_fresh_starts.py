@@ -58,9 +58,9 @@ def test_a_worker_of_the_previous_release_is_sent_the_six_fields_it_reads():
     prepared = ("step.Type", "name", 1, "state.Type", {"n": 1}, 3, 7)
     start = StepStart("s1", 2, 1, prepared)
     [old] = pack_starts([start], urgency=False, positions=False)
-    assert old == ("s1", 2, 1, prepared[:6])
+    assert old == ["s1", 2, 1, list(prepared[:6])]
     [new] = pack_starts([start])
-    assert new[3] == prepared
+    assert new == ["s1", 2, 1, list(prepared), False]
     assert prepared_record("job", "s1", unpack_starts([new])[0].prepared).position == 7
     # A job host of the previous release sends six: the record has no place in the plan.
     record = prepared_record("job", "s1", prepared[:6])
