@@ -58,7 +58,14 @@ from .base import ANALYZE_AFTER
 from .engines import is_transient_error, postgres_engine, sqlite_engines
 from .jobs import SqlJobStorage, excluding_finalized_stops
 from .plans import SqlStepPlanStorage
-from .schema import HEAD_REVISION, MIGRATIONS, VERSION_TABLE, Statements, jobs_table
+from .schema import (
+    HEAD_REVISION,
+    INSERT_ROWS,
+    MIGRATIONS,
+    VERSION_TABLE,
+    Statements,
+    jobs_table,
+)
 from .steps import SqlJobStepStorage
 
 _INLINE_RETRIES = (0.001, 0.002, 0.004, 0.008)
@@ -132,7 +139,9 @@ class SqlStorage(ThreadedProvider):
         except BaseException:
             self._calls.shutdown()
             raise
-        self.sql = Statements("?" if self.is_sqlite else "%s")
+        self.sql = (
+            Statements("?", rows_per_insert=INSERT_ROWS) if self.is_sqlite else Statements("%s")
+        )
         # SQLite connections run in the driver's autocommit mode already (see `_configure`).
         self._autocommit_engine = (
             self.engine

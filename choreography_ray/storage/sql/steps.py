@@ -141,8 +141,11 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         )
         try:
             with unit as connection:
-                insert = self._sql.insert_step
-                if inserts and _execute(connection, insert, inserts) != len(inserts):
+                inserted = sum(
+                    connection.exec_driver_sql(text, values).rowcount
+                    for text, values in self._sql.step_inserts(inserts)
+                )
+                if inserted != len(inserts):
                     raise _Lost
                 if updates:
                     if single and self.provider.is_sqlite:
