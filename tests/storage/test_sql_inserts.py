@@ -10,7 +10,7 @@ from sqlalchemy import Engine, event
 from choreography_ray.jobs import JobKey, JobStepState, TypeKind, TypeRegistry
 from choreography_ray.jobs.errors import VersionConflictError
 from choreography_ray.storage import open_storage
-from choreography_ray.storage.sql.schema import INSERT_ROWS, Statements
+from choreography_ray.storage.sql.schema import INSERT_ROWS, Statements, rows_per_insert
 
 from .sql_support import drop_schema, with_schema
 from .support import POSTGRES_ENV, env
@@ -93,6 +93,14 @@ def test_an_insert_that_loses_in_the_last_statement_writes_none_of_the_batch(pro
         run(storage.steps.save_many(batch))
     assert raised.value.conflicts == ["s0995"]
     assert [s.id for s in run(storage.steps.get_for_job("job"))] == ["s0995"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "rows"),
+    [(250_000, 512), (32_766, 512), (5_632, 512), (5_631, 256), (999, 64), (11, 1)],
+)
+def test_a_statement_stays_within_the_library_s_bind_limit(limit, rows):
+    assert rows_per_insert(limit) == rows
 
 
 def test_no_rows_is_no_statement():

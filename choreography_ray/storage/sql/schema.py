@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -124,9 +125,25 @@ plans_table = Table(
 """Plans stored apart from their job: one row per `PLAN_CHUNK` consecutive entries."""
 
 
-INSERT_ROWS = 512 if sqlite3.sqlite_version_info >= (3, 32) else 64
-"""Step records one SQLite insert statement carries at most: 5,632 parameters, within its bind
-limit since 3.32 (32,766; 999 before, hence 64 there)."""
+def rows_per_insert(bind_limit: int) -> int:
+    """Step records one SQLite insert statement carries at most: 512 (5,632 parameters), or the
+    largest power of two `bind_limit` allows (SQLite's default is 32,766 since 3.32 and 999
+    before it, and a build may set its own)."""
+    rows = 512
+    while rows > 1 and rows * _STEP_COLUMNS > bind_limit:
+        rows //= 2
+    return rows
+
+
+def _bind_limit() -> int:
+    with closing(sqlite3.connect(":memory:")) as connection:
+        return connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+
+_STEP_COLUMNS = 11
+"""The parameters of one row of `insert_step`."""
+INSERT_ROWS = rows_per_insert(_bind_limit())
+"""This SQLite library's rows per insert statement."""
 
 
 class Statements:
