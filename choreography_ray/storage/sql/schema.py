@@ -125,6 +125,10 @@ plans_table = Table(
 """Plans stored apart from their job: one row per `PLAN_CHUNK` consecutive entries."""
 
 
+_STEP_COLUMNS = 11
+"""The parameters of one row of `insert_step`."""
+
+
 def rows_per_insert(bind_limit: int) -> int:
     """Step records one SQLite insert statement carries at most: 512 (5,632 parameters), or the
     largest power of two `bind_limit` allows (SQLite's default is 32,766 since 3.32 and 999
@@ -140,8 +144,6 @@ def _bind_limit() -> int:
         return connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
 
-_STEP_COLUMNS = 11
-"""The parameters of one row of `insert_step`."""
 INSERT_ROWS = rows_per_insert(_bind_limit())
 """This SQLite library's rows per insert statement."""
 
