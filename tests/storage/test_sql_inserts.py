@@ -10,7 +10,7 @@ from sqlalchemy import Engine, event
 from choreography_ray.jobs import JobKey, JobStepState, TypeKind, TypeRegistry
 from choreography_ray.jobs.errors import VersionConflictError
 from choreography_ray.storage import open_storage
-from choreography_ray.storage.sql.schema import INSERT_ROWS, Statements, rows_per_insert
+from choreography_ray.storage.sql.schema import INSERT_ROWS, Statements, rows_within
 
 from .sql_support import drop_schema, with_schema
 from .support import POSTGRES_ENV, env
@@ -100,7 +100,7 @@ def test_an_insert_that_loses_in_the_last_statement_writes_none_of_the_batch(pro
     [(250_000, 512), (32_766, 512), (5_632, 512), (5_631, 256), (999, 64), (11, 1)],
 )
 def test_a_statement_stays_within_the_library_s_bind_limit(limit, rows):
-    assert rows_per_insert(limit) == rows
+    assert rows_within(limit) == rows
 
 
 def test_no_rows_is_no_statement():
@@ -112,15 +112,14 @@ def test_no_rows_is_no_statement():
 def test_the_statements_cover_every_row_once_in_order(rows):
     sql = Statements("?", rows_per_insert=INSERT_ROWS)
     given = [tuple(f"{n}.{c}" for c in range(COLUMNS)) for n in range(rows)]
-    parts = list(sql.step_inserts(given))
+    parts = [(text, values) for text, [values] in sql.step_inserts(given)]  # one row each
     sizes = [len(values) // COLUMNS for _, values in parts]
     assert all(size & (size - 1) == 0 and size <= INSERT_ROWS for size in sizes)
     assert sizes == sorted(sizes, reverse=True)
     assert [v for _, values in parts for v in values] == [v for row in given for v in row]
     for text, values in parts:
         assert text.count("?") == len(values)
-    again = {len(values): text for text, values in sql.step_inserts(given)}
-    assert list(Statements("%s").step_inserts(given)) == [
-        (Statements("%s").insert_step, given if rows > 1 else given[0])
-    ]
+    again = {len(values): text for text, [values] in sql.step_inserts(given)}
     assert all(again[len(values)] is text for text, values in parts)  # built once a size
+    postgres = Statements("%s")
+    assert list(postgres.step_inserts(given)) == [(postgres.insert_step, given)]

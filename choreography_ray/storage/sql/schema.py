@@ -129,7 +129,7 @@ _STEP_COLUMNS = 11
 """The parameters of one row of `insert_step`."""
 
 
-def rows_per_insert(bind_limit: int) -> int:
+def rows_within(bind_limit: int) -> int:
     """Step records one SQLite insert statement carries at most: 512 (5,632 parameters), or the
     largest power of two `bind_limit` allows (SQLite's default is 32,766 since 3.32 and 999
     before it, and a build may set its own)."""
@@ -144,7 +144,7 @@ def _bind_limit() -> int:
         return connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
 
-INSERT_ROWS = rows_per_insert(_bind_limit())
+INSERT_ROWS = rows_within(_bind_limit())
 """This SQLite library's rows per insert statement."""
 
 
@@ -207,9 +207,11 @@ class Statements:
             f"WHERE scope = {p} AND namespace = {p} AND job_id = {p} AND step_id = {p}"
         )
 
-    def step_inserts(self, rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, Any]]:
-        """`insert_step` for many rows: statements with their parameters, a row's tuple or, for
-        an executemany, a list of them.
+    def step_inserts(
+        self, rows: list[tuple[Any, ...]]
+    ) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
+        """`insert_step` for many rows: statements, each with its rows of parameters (one row
+        of many records' values, or on PostgreSQL every record's row for an executemany).
 
         On SQLite an executemany binds, steps and resets once per row; one statement of 512
         rows does the same inserts for half the CPU (2.4 against 5.0 µs a row in 1,000-row
@@ -220,7 +222,7 @@ class Statements:
         """
         if self.rows_per_insert == 1:
             if rows:
-                yield self.insert_step, rows if len(rows) > 1 else rows[0]
+                yield self.insert_step, rows
             return
         done = 0
         while done < len(rows):
@@ -232,5 +234,5 @@ class Statements:
                 text = self._inserts[size] = self.insert_step.replace(
                     self._row, ", ".join([self._row] * size)
                 )
-            yield text, tuple(chain.from_iterable(rows[done : done + size]))
+            yield text, [tuple(chain.from_iterable(rows[done : done + size]))]
             done += size

@@ -142,8 +142,8 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         try:
             with unit as connection:
                 inserted = sum(
-                    connection.exec_driver_sql(text, values).rowcount
-                    for text, values in self._sql.step_inserts(inserts)
+                    _execute(connection, text, rows)
+                    for text, rows in self._sql.step_inserts(inserts)
                 )
                 if inserted != len(inserts):
                     raise _Lost
@@ -441,7 +441,7 @@ class _Lost(Exception):
 
 
 def _execute(connection: Connection, statement: str, rows: list[tuple[Any, ...]]) -> int:
-    """Run `statement` once per row in one executemany; how many rows it changed."""
+    """Run `statement` once per row (one row: a single execute); how many rows it changed."""
     if len(rows) == 1:
         return connection.exec_driver_sql(statement, rows[0]).rowcount
     return connection.exec_driver_sql(statement, rows).rowcount
