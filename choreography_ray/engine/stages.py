@@ -15,6 +15,7 @@ from . import adaptive
 from . import progress as counting
 from .activation import DISPATCH_BATCH, PREPARE_BATCH, ActivationCore
 from .adaptive import ClassWindows
+from .dispatch_batches import send_in_batches
 from .key_gate import KeyGate
 from .messages import StartOutcome, StartResult, StepReport, StepStart, arrived
 from .outcomes import Outcomes
@@ -200,31 +201,33 @@ class Stages:
         room = min(self._room(), DISPATCH_BATCH * core.ctx.options.max_concurrent_step_starts)
         generation = self.record.state.execution_generation
         gate = self.adaptive.admits if self.adaptive and self.adaptive.gated else None
-        chosen, sticky = ledger.start(room, generation, core.ctx.clock.now(), gate)
-        self._sent = len(chosen)
-        if not chosen:
-            return 0
-        batches = [chosen[i : i + DISPATCH_BATCH] for i in range(0, len(chosen), DISPATCH_BATCH)]
+        now = core.ctx.clock.now()
         limit = asyncio.Semaphore(core.ctx.options.max_concurrent_step_starts)
         job_type = self.record.state.type
         losses = ledger.losses
         points = core.points()
 
-        async def send(batch: list[StepStart]) -> Dispatched | BaseException:
+        async def send(batch: list[StepStart], hosts: dict[str, str]) -> Dispatched | BaseException:
             async with limit:
                 try:
                     if points is None:  # no priority: the call every dispatcher takes
                         return await core.ctx.dispatcher.start_steps(
-                            core.ctx.key, core.id, job_type, batch, sticky, ledger.types
+                            core.ctx.key, core.id, job_type, batch, hosts, ledger.types
                         )
                     return await core.ctx.dispatcher.start_steps(
-                        core.ctx.key, core.id, job_type, batch, sticky, ledger.types, points=points
+                        core.ctx.key, core.id, job_type, batch, hosts, ledger.types, points=points
                     )
                 except Exception as error:
                     return error
 
-        answers = await self._outside_turn(asyncio.gather(*(send(batch) for batch in batches)))
-        core.counters.dispatched += len(chosen)
+        batches, sends = await send_in_batches(
+            lambda size: ledger.start(size, generation, now, gate), room, DISPATCH_BATCH, send
+        )
+        self._sent = sent = sum(map(len, batches))
+        if not sent:
+            return 0
+        answers = await self._outside_turn(asyncio.gather(*sends))
+        core.counters.dispatched += sent
         if self.record.released:
             return 0
         failed = 0
