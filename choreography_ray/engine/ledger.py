@@ -27,14 +27,12 @@ from datetime import datetime
 from ..jobs.state import JobState, JobStepState
 from ..jobs.status import FAILED_STEP_STATUSES, JobStepStatus
 from .counted import CountedStops
-from .messages import Prepared, StepStart
+from .fresh import FreshRecords
+from .messages import StepStart
 from .retrying import Decision, Verdict
 from .step_index import StepIndex
 from .step_types import StepTypes
 from .waiting import Waiting
-
-FRESH_LIMIT = 100_000
-"""Prepared records a job keeps for its first starts: about 30 MB at most."""
 
 
 @dataclass
@@ -72,10 +70,10 @@ class StepLedger:
         """Steps sent again after their run was lost: their next start is urgent."""
         self._losses: list[str] = []
         """Worker hosts lost, in order: a dispatch answered after a loss sends theirs again."""
-        self._fresh: dict[str, Prepared] = {}
+        self._fresh = FreshRecords()
         """Steps this activation prepared and stored, not yet started: the first start of each
-        carries its record, which the worker then need not read back (at most `FRESH_LIMIT`;
-        forgotten when the ledger is recounted from storage)."""
+        carries its record, which the worker then need not read back (forgotten when the
+        ledger is recounted from storage)."""
         self._due: dict[str, tuple[int, datetime | None]] = {}
         """Failed attempts a recount decided to retry: next attempt and when due (`take_due`)."""
         self._current: int | None = None
@@ -227,14 +225,7 @@ class StepLedger:
 
     def keep_fresh(self, records: list[JobStepState], versions: list[int]) -> None:
         """Remember records just prepared and stored: their first start carries them."""
-        fresh = self._fresh
-        if len(fresh) + len(records) > FRESH_LIMIT:
-            return
-        for step, version in zip(records, versions, strict=True):
-            state = step.state
-            assert state is not None
-            described = (step.type, step.name, step.stage, state.type, state.data)
-            fresh[step.id] = (*described, version, step.position)
+        self._fresh.keep(records, versions, self._steps, self._names, self._types)
 
     def queue(self, steps: Iterable[tuple[str, int]], *, urgent: bool = False) -> int:
         """Queue steps (id, attempt) ahead of the others, in order; counted steps are
@@ -257,7 +248,7 @@ class StepLedger:
         waiting, tracked, take = self._waiting, self._tracked, self._waiting.take
         index = self._steps
         find, counted, stage_at = index.find, index.is_counted, index.stage_at
-        fresh, urgent = self._fresh, self._urgent
+        take_fresh, names, urgent = self._fresh.take, self._names, self._urgent
         held, types, admitted = self._held, self._types, list[tuple[str, int]]()
         for step_type, steps in held.items() if gate else ():
             while steps and len(admitted) < room and gate(step_type):  # type: ignore[misc]
@@ -275,8 +266,9 @@ class StepLedger:
             again = bool(urgent) and step_id in urgent
             if again:
                 urgent.discard(step_id)
-            chosen.append(StepStart(step_id, generation, attempt, fresh.pop(step_id, None), again))
             stage, hint = stage_at(at) or 0, index.hint(at)
+            record = take_fresh(step_id, at, stage, index, types, names)
+            chosen.append(StepStart(step_id, generation, attempt, record, again))
             tracked[step_id] = Tracked(stage, attempt, generation, since=now, at=hint)
         sticky: dict[str, str] = {}
         if self._sticky:

@@ -8,9 +8,12 @@ of ten million steps holds 160 MB of them here, where the strings held a gigabyt
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _halves(step_id: str) -> tuple[int, int] | None:
@@ -61,6 +64,27 @@ class PackedIds:
         self._low.append(halves[1])
         self._last = step_id
         return True
+
+    def holds_run(self, at: int, step_ids: list[str]) -> bool:
+        """Whether positions `at`, `at + 1`, ... hold `step_ids`, in order: compared packed,
+        in a few calls for the whole run (a batch of a million-step job's records)."""
+        count = len(step_ids)
+        if at < 0 or at + count > len(self._high) or set(map(len, step_ids)) - {32}:
+            return False
+        joined = "".join(step_ids)
+        try:
+            packed = bytes.fromhex(joined)
+        except ValueError:
+            return False
+        if packed.hex() != joined:  # upper case: not an id this holds
+            return False
+        halves = array("Q", packed)
+        if _LITTLE_ENDIAN:
+            halves.byteswap()  # the ids' halves are big-endian numbers
+        return (
+            halves[0::2] == self._high[at : at + count]
+            and halves[1::2] == self._low[at : at + count]
+        )
 
     def find(self, step_id: str) -> int:
         """The id's position; -1 when it is not here."""

@@ -146,6 +146,19 @@ class StepIndex:
         at = bisect_left(found, step_id)
         return at if at < len(found) and found[at] == step_id else -1
 
+    @property
+    def epoch(self) -> int:
+        """Changes whenever steps may move to other positions (asked of the search list)."""
+        self._search()
+        return self._epoch
+
+    def holds_run(self, at: int, step_ids: list[str]) -> bool:
+        """Whether positions `at`, `at + 1`, ... hold `step_ids`, in order."""
+        found = self._search()
+        if isinstance(found, PackedIds):
+            return found.holds_run(at, step_ids)
+        return at >= 0 and found[at : at + len(step_ids)] == step_ids
+
     def hint(self, at: int) -> int:
         """A hint for `find` of the step at position `at`."""
         return self._epoch * _SPAN + at if at >= 0 else -1

@@ -10,7 +10,7 @@ from choreography_ray.engine.stored_steps import prepared_record
 from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.testing import InProcessCluster
 
-from .fixtures import ScenarioJob, request, wrap_steps
+from .fixtures import ScenarioJob, ScenarioRequest, request, wrap_steps
 
 
 class CountedReads:
@@ -52,6 +52,43 @@ def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, scri
     assert reads == []  # every record came with its start
     # Each record keeps its place in the plan through the worker's writes.
     assert sorted(s.position for s in stored) == list(range(40))
+
+
+def test_a_job_with_more_steps_than_records_kept_whole_carries_them_all(run, script, monkeypatch):
+    """Its records are kept as their states' JSON at their places in the plan: the limit on
+    records kept whole does not apply, and each start carries its record, named and staged."""
+    import choreography_ray.engine.fresh as fresh
+
+    monkeypatch.setattr(fresh, "WHOLE_LIMIT", 5)
+    reads: list[str] = []
+    cluster = InProcessCluster(
+        options=JobsOptions(max_parallel_steps=8),
+        wrap_storage=wrap_steps(lambda steps: CountedReads(steps, reads)),
+    )
+    keys = [f"k{n}" for n in range(40)]
+    stages = {key: 1 + n % 3 for n, key in enumerate(keys)}
+    names = {key: f"step {key}" for key in keys[::2]}  # the others are named by their key
+
+    async def scenario():
+        await cluster.provider.initialize()
+        job_request = ScenarioRequest(keys=keys, stages=stages, names=names)
+        started = await cluster.start(ScenarioJob, job_request)
+        state = await cluster.wait(started.job_id)
+        stored = await cluster.storage().steps.get_for_job(started.job_id)
+        return state, stored
+
+    try:
+        state, stored = run(scenario())
+    finally:
+        run(cluster.close())
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 40
+    assert reads == []  # every record came with its start
+    assert sorted(k for k, _ in script.runs) == sorted(keys)
+    assert sorted(s.position for s in stored) == list(range(40))
+    assert sorted((s.name, s.stage) for s in stored) == sorted(
+        (names.get(key, key), stages[key]) for key in keys
+    )
 
 
 def test_a_worker_of_the_previous_release_is_sent_the_six_fields_it_reads():

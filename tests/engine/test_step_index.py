@@ -241,3 +241,24 @@ def test_a_report_of_a_started_step_is_checked_without_a_search(monkeypatch):
     assert ledger.is_counted(ids[0])  # no longer started: found by a search
     assert searches == [ids[0]]
     assert not ledger.is_counted(ids[2]) and searches == [ids[0], ids[2]]
+
+
+def test_a_run_of_ids_is_held_at_its_positions_or_not():
+    ids = [new_step_id() for _ in range(8)]
+    index = StepIndex()
+    for step_id in ids:
+        index.add(step_id, 0)
+    assert index.holds_run(0, ids) and index.holds_run(3, ids[3:6]) and index.holds_run(2, [])
+    assert not index.holds_run(2, ids[3:6])  # not at those positions
+    assert not index.holds_run(6, [*ids[6:], new_step_id()])  # past the end
+    assert not index.holds_run(3, [ids[3], ids[5], ids[4]])  # in another order
+    assert not index.holds_run(3, [ids[3].upper()])  # not how an id is held
+    assert not index.holds_run(3, [ids[3][:31], ids[3][31] + ids[4]])  # the two, split wrong
+    assert not index.holds_run(3, [ids[3][:16] + " " + ids[3][17:]])
+    assert not index.holds_run(-1, ids[:1])
+    mixed = StepIndex()
+    for step_id in ["step-c", "step-a", "step-b"]:  # the job's own ids: held as given, sorted
+        mixed.add(step_id, 0)
+    assert mixed.holds_run(0, ["step-a", "step-b", "step-c"])
+    assert not mixed.holds_run(0, ["step-c", "step-a", "step-b"])
+    assert not mixed.holds_run(-1, ["step-a"])
