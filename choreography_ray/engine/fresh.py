@@ -28,8 +28,9 @@ from .step_types import StepTypes
 WHOLE_LIMIT = 100_000
 """Records kept whole: about 50 MB at most."""
 DATA_BYTES = 128 * 1024 * 1024
-"""The states' JSON kept at their places: with a list slot and an object header, about 60 MB a
-million small states."""
+"""The most states' JSON kept at once. A small state (the benchmark's `{"n": 123456}`) takes
+about 60 bytes with its object and list slot, so a job of two million such steps carries them
+all; past the budget, the worker reads the records back."""
 
 
 class FreshRecords:
@@ -122,9 +123,10 @@ class FreshRecords:
         if self._whole and (whole := self._whole.pop(step_id, None)) is not None:
             return whole
         data = self._data
-        if at >= len(data) or (written := data[at]) is None:
-            return None
+        if not 0 <= at < len(data) or (written := data[at]) is None:
+            return None  # not kept (or not indexed: -1)
         data[at] = None
+        self._bytes -= len(written)
         if index.epoch != self._epoch:
             self._let_go_states()  # the places moved: none of them can be trusted
             return None
@@ -145,7 +147,7 @@ class FreshRecords:
 
 
 def _json(data: Any) -> bytes | None:
-    """The state's data as JSON text, None if it cannot be written (kept whole instead)."""
+    """The state's data as JSON text, None if it cannot be written (then read back)."""
     try:
         return to_json(data)
     except (PydanticSerializationError, ValueError):

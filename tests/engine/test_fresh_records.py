@@ -84,6 +84,7 @@ def test_a_described_record_is_taken_as_it_was_kept_and_only_once(none_whole):
         batch = plan.records[first : first + 20]
         fresh.keep(batch, [1] * len(batch), plan.index, plan.names, plan.types)
     assert len(fresh) == 50
+    assert fresh.take("not indexed", -1, 0, plan.index, plan.types, plan.names) is None
     for record in reversed(plan.records):  # in any order
         assert plan.take(fresh, record.id) == whole(record)
         assert plan.take(fresh, record.id) is None  # a first start only
