@@ -15,6 +15,7 @@ to keep and to take than JSON, and a job of up to `WHOLE_LIMIT` steps pays nothi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,9 +29,11 @@ from .step_types import StepTypes
 WHOLE_LIMIT = 100_000
 """Records kept whole: about 50 MB at most."""
 DATA_BYTES = 128 * 1024 * 1024
-"""The most states' JSON kept at once. A small state (the benchmark's `{"n": 123456}`) takes
-about 60 bytes with its object and list slot, so a job of two million such steps carries them
-all; past the budget, the worker reads the records back."""
+"""The most memory the states' JSON takes at once, each with its object and its list slot. A
+small state (the benchmark's `{"n": 123456}`) takes about 55 bytes, so a job of two million
+such steps carries them all; past the budget, the worker reads the records back."""
+_HELD = sys.getsizeof(b"") + 8
+"""What a kept state takes besides its JSON: the bytes object's header and its list slot."""
 
 
 class FreshRecords:
@@ -91,12 +94,13 @@ class FreshRecords:
     ) -> None:
         """Keep the states' JSON of the records the ledger describes as they are."""
         data, state_types = self._data, self._state_types
-        if len(data) < records[-1].position + 1:
-            data.extend([None] * (records[-1].position + 1 - len(data)))
         for step, version in zip(records, versions, strict=True):
             state = step.state
             assert state is not None
             at = step.position
+            if at < len(data) and (earlier := data[at]) is not None:
+                data[at] = None  # kept before (never so far): the new record or none at all
+                self._bytes -= len(earlier) + _HELD
             if (
                 version == 1
                 and (index.stage_at(at) or 0) == step.stage
@@ -104,10 +108,12 @@ class FreshRecords:
                 and names.get(step.id, "") == step.name
                 and state_types.setdefault(step.type, state.type) == state.type
                 and (written := _json(state.data)) is not None
-                and self._bytes + len(written) <= DATA_BYTES
+                and self._bytes + len(written) + _HELD <= DATA_BYTES
             ):
+                if len(data) <= at:
+                    data.extend([None] * (at + 1 - len(data)))
                 data[at] = written
-                self._bytes += len(written)
+                self._bytes += len(written) + _HELD
 
     def take(
         self,
@@ -125,14 +131,20 @@ class FreshRecords:
         data = self._data
         if not 0 <= at < len(data) or (written := data[at]) is None:
             return None  # not kept (or not indexed: -1)
-        data[at] = None
-        self._bytes -= len(written)
         if index.epoch != self._epoch:
             self._let_go_states()  # the places moved: none of them can be trusted
             return None
+        if not index.holds_at(at, step_id):
+            return None  # `at` is not this step's place (a stale hint): never another's state
+        data[at] = None
+        self._bytes -= len(written) + _HELD
+        try:
+            state_data = from_json(written)
+        except ValueError:  # deeper than the parser goes: the worker reads the record back
+            return None
         step_type = types.of(step_id)
         state_type = self._state_types[step_type]
-        return (step_type, names.get(step_id, ""), stage, state_type, from_json(written), 1, at)
+        return (step_type, names.get(step_id, ""), stage, state_type, state_data, 1, at)
 
     def clear(self) -> None:
         self._whole.clear()

@@ -152,6 +152,11 @@ class StepIndex:
         self._search()
         return self._epoch
 
+    def holds_at(self, at: int, step_id: str) -> bool:
+        """Whether position `at` holds `step_id`."""
+        found = self._search()
+        return 0 <= at < len(found) and found[at] == step_id
+
     def holds_run(self, at: int, step_ids: list[str]) -> bool:
         """Whether positions `at`, `at + 1`, ... hold `step_ids`, in order."""
         found = self._search()

@@ -171,7 +171,7 @@ def test_kept_states_are_let_go_when_the_index_moves_its_steps(none_whole):
 def test_past_the_whole_limit_records_are_kept_within_their_budget(monkeypatch):
     plan = Plan(engine_ids(10), small=True)  # states of one size: {"n": 0} to {"n": 9}
     size = len(fresh_module.to_json(plan.records[0].state.data))  # type: ignore[union-attr]
-    monkeypatch.setattr(fresh_module, "DATA_BYTES", 3 * size + 2)
+    monkeypatch.setattr(fresh_module, "DATA_BYTES", 3 * (size + fresh_module._HELD) + 2)
     monkeypatch.setattr(fresh_module, "WHOLE_LIMIT", 4)
     fresh = FreshRecords()
     fresh.keep(plan.records, [1] * 10, plan.index, plan.names, plan.types)
@@ -179,3 +179,36 @@ def test_past_the_whole_limit_records_are_kept_within_their_budget(monkeypatch):
     taken = [plan.take(fresh, record.id) for record in plan.records]
     assert taken[:7] == [whole(record) for record in plan.records[:7]]
     assert taken[7:] == [None, None, None]  # the worker reads these back
+
+
+def test_a_state_kept_again_and_refused_is_not_delivered_stale(none_whole):
+    plan = Plan(engine_ids(3))
+    fresh = FreshRecords()
+    fresh.keep(plan.records, [1] * 3, plan.index, plan.names, plan.types)
+    fresh.keep(plan.records[1:2], [2], plan.index, plan.names, plan.types)  # stored again
+    taken = [plan.take(fresh, record.id) for record in plan.records]
+    assert taken == [whole(plan.records[0]), None, whole(plan.records[2])]
+
+
+def test_a_step_asked_at_another_steps_place_takes_nothing_from_it(none_whole):
+    plan = Plan(engine_ids(3))
+    fresh = FreshRecords()
+    fresh.keep(plan.records, [1] * 3, plan.index, plan.names, plan.types)
+    first, second = plan.records[0], plan.records[1]
+    assert fresh.take(first.id, 1, 0, plan.index, plan.types, plan.names) is None
+    assert plan.take(fresh, second.id) == whole(second)  # still there for its own step
+    assert plan.take(fresh, first.id) == whole(first)
+
+
+def test_a_state_too_deep_to_read_back_here_is_read_back_by_the_worker(none_whole):
+    plan = Plan(engine_ids(2), small=True)
+    deep: dict = {"n": 0}
+    for _ in range(250):  # written as JSON, but deeper than pydantic's parser reads (200)
+        deep = {"a": deep}
+    record = plan.records[1]
+    assert record.state is not None
+    record.state = Payload.model_construct(type=STATE, data=deep)
+    fresh = FreshRecords()
+    fresh.keep(plan.records, [1] * 2, plan.index, plan.names, plan.types)
+    assert plan.take(fresh, plan.records[0].id) == whole(plan.records[0])
+    assert plan.take(fresh, record.id) is None
