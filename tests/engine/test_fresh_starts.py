@@ -28,7 +28,9 @@ class CountedReads:
         return await self._inner.get_many(job_id, step_ids)
 
 
-def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, script):
+def run_counting_reads(run: Any, job_request: ScenarioRequest) -> tuple[Any, Any, list[str]]:
+    """Run a job to its end in a cluster whose worker counts the step records it reads back:
+    the job's final state, its stored step records, and the ids read."""
     reads: list[str] = []
     cluster = InProcessCluster(
         options=JobsOptions(max_parallel_steps=8),
@@ -37,7 +39,7 @@ def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, scri
 
     async def scenario():
         await cluster.provider.initialize()
-        started = await cluster.start(ScenarioJob, request(*(f"k{n}" for n in range(40))))
+        started = await cluster.start(ScenarioJob, job_request)
         state = await cluster.wait(started.job_id)
         stored = await cluster.storage().steps.get_for_job(started.job_id)
         return state, stored
@@ -46,6 +48,11 @@ def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, scri
         state, stored = run(scenario())
     finally:
         run(cluster.close())
+    return state, stored, reads
+
+
+def test_the_first_starts_of_a_new_job_are_not_read_back_by_the_worker(run, script):
+    state, stored, reads = run_counting_reads(run, request(*(f"k{n}" for n in range(40))))
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert state.progress.successful_steps == 40
     assert {s.status for s in stored} == {JobStepStatus.COMPLETED_SUCCESSFULLY}
@@ -60,27 +67,11 @@ def test_a_job_with_more_steps_than_records_kept_whole_carries_them_all(run, scr
     import choreography_ray.engine.fresh as fresh
 
     monkeypatch.setattr(fresh, "WHOLE_LIMIT", 5)
-    reads: list[str] = []
-    cluster = InProcessCluster(
-        options=JobsOptions(max_parallel_steps=8),
-        wrap_storage=wrap_steps(lambda steps: CountedReads(steps, reads)),
-    )
     keys = [f"k{n}" for n in range(40)]
     stages = {key: 1 + n % 3 for n, key in enumerate(keys)}
     names = {key: f"step {key}" for key in keys[::2]}  # the others are named by their key
-
-    async def scenario():
-        await cluster.provider.initialize()
-        job_request = ScenarioRequest(keys=keys, stages=stages, names=names)
-        started = await cluster.start(ScenarioJob, job_request)
-        state = await cluster.wait(started.job_id)
-        stored = await cluster.storage().steps.get_for_job(started.job_id)
-        return state, stored
-
-    try:
-        state, stored = run(scenario())
-    finally:
-        run(cluster.close())
+    job_request = ScenarioRequest(keys=keys, stages=stages, names=names)
+    state, stored, reads = run_counting_reads(run, job_request)
     assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
     assert state.progress.successful_steps == 40
     assert reads == []  # every record came with its start
