@@ -33,6 +33,8 @@ class NoopItem(BaseModel):
 
 
 class NoopStep(JobStep[NoopItem, NoopItem, int], name="choreography.bench.noop"):
+    state_is_request = True  # its state is its request, unchanged
+
     def initialize_state(self, request: NoopItem) -> NoopItem:
         return request
 

@@ -8,6 +8,7 @@ of ten million steps holds 160 MB of them here, where the strings held a gigabyt
 
 from __future__ import annotations
 
+import itertools
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
@@ -27,6 +28,24 @@ def _halves(step_id: str) -> tuple[int, int] | None:
     if packed.hex() != step_id:  # upper case or spaces: it would not read back the same
         return None
     return int.from_bytes(packed[:8]), int.from_bytes(packed[8:])
+
+
+def _packed(step_ids: list[str]) -> array[int] | None:
+    """The ids' halves, high and low in turn, or None when any is not 32 lowercase hex digits
+    (`_halves` of each, in a few calls for the whole list)."""
+    if set(map(len, step_ids)) - {32}:
+        return None
+    joined = "".join(step_ids)
+    try:
+        packed = bytes.fromhex(joined)
+    except ValueError:
+        return None
+    if packed.hex() != joined:  # upper case or spaces: it would not read back the same
+        return None
+    halves = array("Q", packed)
+    if _LITTLE_ENDIAN:
+        halves.byteswap()  # the ids' halves are big-endian numbers
+    return halves
 
 
 class PackedIds:
@@ -65,24 +84,31 @@ class PackedIds:
         self._last = step_id
         return True
 
+    def add_run(self, step_ids: list[str]) -> bool:
+        """Append ids that ascend, each above the last, in a few calls for the whole run (a
+        chunk of a plan); False, changing nothing, when any one would not be added alone."""
+        if not step_ids or step_ids[0] <= self._last:
+            return not step_ids
+        if any(a >= b for a, b in itertools.pairwise(step_ids)):
+            return False
+        halves = _packed(step_ids)
+        if halves is None:
+            return False
+        self._high.extend(halves[0::2])
+        self._low.extend(halves[1::2])
+        self._last = step_ids[-1]
+        return True
+
     def holds_run(self, at: int, step_ids: list[str]) -> bool:
         """Whether positions `at`, `at + 1`, ... hold `step_ids`, in order: compared packed,
         in a few calls for the whole run (a batch of a million-step job's records)."""
         count = len(step_ids)
-        if at < 0 or at + count > len(self._high) or set(map(len, step_ids)) - {32}:
+        if at < 0 or at + count > len(self._high):
             return False
-        joined = "".join(step_ids)
-        try:
-            packed = bytes.fromhex(joined)
-        except ValueError:
-            return False
-        if packed.hex() != joined:  # upper case: not an id this holds
-            return False
-        halves = array("Q", packed)
-        if _LITTLE_ENDIAN:
-            halves.byteswap()  # the ids' halves are big-endian numbers
+        halves = _packed(step_ids)
         return (
-            halves[0::2] == self._high[at : at + count]
+            halves is not None
+            and halves[0::2] == self._high[at : at + count]
             and halves[1::2] == self._low[at : at + count]
         )
 
@@ -112,6 +138,17 @@ class PlannedIds:
         return isinstance(step_id, str) and (
             step_id in self._others or self._packed.find(step_id) >= 0
         )
+
+    def add_all(self, step_ids: list[str]) -> str | None:
+        """Note the ids; the first that was noted before (then those after it are not
+        noted), or None. A plan's own ids, ascending, are packed in a few calls: none of them
+        can be among the others, each of which was below the last packed id or not packable."""
+        if self._packed.add_run(step_ids):
+            return None
+        for step_id in step_ids:
+            if not self.add(step_id):
+                return step_id
+        return None
 
     def add(self, step_id: str) -> bool:
         """Note the id; False when it was noted before."""

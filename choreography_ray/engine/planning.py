@@ -75,8 +75,6 @@ def plan_parts(
                     "build steps with create_step"
                 )
             index += 1
-            if not seen.add(detail.step_id):
-                raise InvalidPlan(f"step id {detail.step_id!r} is planned twice")
             step_name = names.get(detail.step_type)
             if step_name is None:
                 try:
@@ -88,6 +86,9 @@ def plan_parts(
             checked.append((detail, step_name))
         if not checked:
             return
+        twice = seen.add_all([detail.step_id for detail, _ in checked])
+        if twice is not None:
+            raise InvalidPlan(f"step id {twice!r} is planned twice")
         try:
             payloads = registry.dump_requests([detail.request for detail, _ in checked])
         except ChoreographyError:

@@ -324,7 +324,13 @@ class Starting:
                 user_state = step.initialize_state(request)
                 if step.concurrency is not None:  # a key that cannot be read fails here
                     step.concurrency.of(user_state)
-                state_payload = registry.dump(user_state)
+                # A step whose state is its request as it is (`state_is_request`: a step
+                # function's item) stores the plan's payload of it, which planning proved to be
+                # what dumping it gives.
+                if user_state is request and step.state_is_request:
+                    state_payload = planned.request
+                else:
+                    state_payload = registry.dump(user_state)
             except Exception as error:
                 return (
                     f"step {planned.step_id!r} ({planned.step_type}) could not be prepared: "

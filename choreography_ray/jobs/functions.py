@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 from pydantic import BaseModel, RootModel, ValidationError
 
 from .errors import InvalidRequestError, TypeRegistryError
-from .job import Job, StepDetails, new_step_id
+from .job import Job, StepDetails, check_stage, new_step_id, planned_step
 from .registry import TypeKind, TypeRegistry, default_registry
 from .retry import RetryPolicy
 from .step import JobStep, StepContext
@@ -38,6 +38,7 @@ class _FunctionPerform:
     Mixed in ahead of `JobStep[Item, Item, Result]`, which registers the concrete class."""
 
     function: ClassVar[StepFunction[Any]]
+    state_is_request: ClassVar[bool] = True
 
     def initialize_state(self, request: BaseModel) -> BaseModel:
         return request  # the item is all the work needs; a re-run starts from it again
@@ -164,15 +165,8 @@ class StepFunction(Generic[F]):
     def plan(self, item: Any, *, stage: int = 0, name: str = "") -> StepDetails:
         """One step of this function over `item`, for a job's plan (`@job`'s function or a
         `Job.prepare_steps`): a new identity, its stage (0 first) and an optional name."""
-        if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
-            raise ValueError(f"stage must be a whole number >= 0, got {stage!r}")
-        return StepDetails(
-            step_id=new_step_id(),
-            step_type=self.step_type,
-            request=self.item(item),
-            stage=stage,
-            name=name,
-        )
+        stage = check_stage(stage)
+        return planned_step(new_step_id(), self.step_type, self.item(item), stage, name)
 
     def call(self, state: BaseModel, ctx: StepContext) -> Any:
         """Call the function with the stored item (and the context where it asks for one)."""

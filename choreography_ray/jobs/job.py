@@ -46,6 +46,57 @@ class StepDetails:
     name: str = ""
 
 
+_SETTERS = tuple(
+    StepDetails.__dict__[field].__set__
+    for field in ("step_id", "step_type", "request", "stage", "name")
+)
+
+
+def planned_step(
+    step_id: str,
+    step_type: type[JobStep[Any, Any, Any]],
+    request: BaseModel,
+    stage: int,
+    name: str,
+) -> StepDetails:
+    """A `StepDetails` of values already checked. A frozen dataclass's `__init__` sets each
+    field through `object.__setattr__`; setting the slots directly takes 0.43 µs against its
+    1.06, and a plan makes one per step."""
+    details = object.__new__(StepDetails)
+    set_id, set_type, set_request, set_stage, set_name = _SETTERS
+    set_id(details, step_id)
+    set_type(details, step_type)
+    set_request(details, request)
+    set_stage(details, stage)
+    set_name(details, name)
+    return details
+
+
+_PLANNABLE: set[type] = set()
+"""Step classes `create_step` has checked: a plan of thousands of steps has a handful."""
+
+
+def _check_step_type(step_type: Any) -> None:
+    if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+        if hasattr(step_type, "plan"):
+            raise TypeRegistryError(
+                f"{step_type!r} is a step function: plan its steps with .plan(item)"
+            )
+        raise TypeRegistryError(f"{step_type!r} is not a JobStep class")
+    if not hasattr(step_type, "request_type"):
+        raise TypeRegistryError(f"{step_type.__qualname__} does not declare its types")
+    _PLANNABLE.add(step_type)
+
+
+def check_stage(stage: Any) -> int:
+    """A step's stage, refused unless a whole number from 0 (a bool is not one)."""
+    if stage.__class__ is int and stage >= 0:  # the usual case, in one test
+        return stage
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
+        raise ValueError(f"stage must be a whole number >= 0, got {stage!r}")
+    return stage
+
+
 class _OrderedIds:
     """Time-ordered step ids: UUID version 7 in hex (milliseconds since the epoch; a 30-bit
     counter that starts at random each millisecond and counts up within it; 44 random bits),
@@ -63,6 +114,8 @@ class _OrderedIds:
         self._pool: list[int] = []
         self._last = 0
         self._seq = 0
+        self._top = 0
+        """The current millisecond's bits of the id, with the version and the variant."""
 
     def __call__(self) -> str:
         with self._lock:
@@ -75,14 +128,21 @@ class _OrderedIds:
             ms = time.time_ns() // 1_000_000
             if ms > self._last:
                 self._last, self._seq = ms, bits & 0x1FFFFFFF
+                self._top = ms << 80 | _VERSION_AND_VARIANT
             else:
                 self._seq += 1
                 if self._seq >= 1 << 30:
                     self._last, self._seq = self._last + 1, 0
-            ms, seq = self._last, self._seq
-        rand_b = (seq & 0x3FFFF) << 44 | (bits >> 36) & ((1 << 44) - 1)
-        value = ms << 80 | 7 << 76 | (seq >> 18) << 64 | 0b10 << 62 | rand_b
-        return f"{value:032x}"
+                    self._top = self._last << 80 | _VERSION_AND_VARIANT
+            top, seq = self._top, self._seq
+        # `to_bytes(16).hex()` rather than formatting the number: a third of a microsecond of
+        # the 1.6 an id took, and a plan makes one per step.
+        value = top | (seq >> 18) << 64 | (seq & 0x3FFFF) << 44 | (bits >> 36) & _RANDOM_44
+        return value.to_bytes(16).hex()
+
+
+_VERSION_AND_VARIANT = 7 << 76 | 0b10 << 62
+_RANDOM_44 = (1 << 44) - 1
 
 
 new_step_id = _OrderedIds()
@@ -209,28 +269,18 @@ class Job(Generic[TRequest]):
         step_id: str | None = None,
     ) -> StepDetails:
         """Plan one step: a new identity, its stage (0 first), its type and its request."""
-        if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
-            if hasattr(step_type, "plan"):
-                raise TypeRegistryError(
-                    f"{step_type!r} is a step function: plan its steps with .plan(item)"
-                )
-            raise TypeRegistryError(f"{step_type!r} is not a JobStep class")
-        if not hasattr(step_type, "request_type"):
-            raise TypeRegistryError(f"{step_type.__qualname__} does not declare its types")
+        try:
+            known = step_type in _PLANNABLE
+        except TypeError:  # unhashable: no class at all
+            known = False
+        if not known:
+            _check_step_type(step_type)
         if not isinstance(request, step_type.request_type):
             raise TypeError(
                 f"{step_type.__qualname__} takes a {step_type.request_type.__qualname__} "
                 f"request, got {type(request).__qualname__}"
             )
-        if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
-            raise ValueError(f"stage must be a whole number >= 0, got {stage!r}")
-        return StepDetails(
-            step_id=step_id or new_step_id(),
-            step_type=step_type,
-            request=request,
-            stage=stage,
-            name=name,
-        )
+        return planned_step(step_id or new_step_id(), step_type, request, check_stage(stage), name)
 
     def details(self, request: TRequest) -> str:
         """A line that says what this job does, for listings."""

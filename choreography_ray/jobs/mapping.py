@@ -20,7 +20,7 @@ from pydantic_core import from_json, to_json
 
 from .errors import ChoreographyError, InvalidRequestError, StartJobError, StartJobFailed
 from .functions import StepFunction
-from .job import Job, StepDetails, new_step_id
+from .job import Job, StepDetails, new_step_id, planned_step
 from .registry import TypeKind, TypeRegistry, list_adapter, round_trip
 
 ITEM_CHUNK = 10_000
@@ -123,12 +123,12 @@ class MapItems:
                 ) from None
             stages = chunk.stages or itertools.repeat(0)
             for offset, (value, stage) in enumerate(zip(values, stages, strict=False)):
-                yield StepDetails(
-                    step_id=new_step_id(),
-                    step_type=step_type,
-                    request=function.stored(value),
-                    stage=stage,
-                    name=f"item {chunk.first + offset}",
+                yield planned_step(
+                    new_step_id(),
+                    step_type,
+                    function.stored(value),
+                    stage,
+                    f"item {chunk.first + offset}",
                 )
 
 

@@ -170,6 +170,11 @@ class JobStep(ABC, Generic[TRequest, TState, TResult]):
     result_is_root: ClassVar[bool] = False
     registry: ClassVar[TypeRegistry]
 
+    state_is_request: ClassVar[bool] = False
+    """Set when `initialize_state` returns its request as it is (never changed): the step's
+    first state is then stored from the plan's copy of the request, which planning already
+    wrote and checked, rather than written again (a microsecond of the controller's a step).
+    Step functions set it. A state that is another object is written as usual."""
     checkpoint_after_every_batch: ClassVar[bool] = False
     """Persist every checkpoint instead of debouncing them."""
     resources: ClassVar[dict[str, float]] = {}

@@ -178,6 +178,59 @@ def test_a_step_sees_its_state_not_its_request(run, cluster, script):
     assert seen == [KeyRequest(key="ABC")]
 
 
+@pytest.mark.parametrize("returns", ["request", "copy", "changed", "undeclared"])
+def test_a_state_that_is_the_request_is_stored_from_the_plan_only_when_declared_so(
+    run, cluster, monkeypatch, returns
+):
+    """`state_is_request`: the plan's payload of the request is stored as the first state,
+    without dumping it again; a state that is another object is dumped as before."""
+    registry = cluster.registry
+    dumped: list[object] = []
+    made: list[KeyRequest] = []  # the first states initialize_state returned
+    dump = registry.dump
+
+    def counting(value):
+        dumped.append(value)
+        return dump(value)
+
+    class Declared(JobStep[KeyRequest, KeyRequest, str], name=f"planning.declared-{returns}"):
+        state_is_request = returns != "undeclared"  # that one returns its request too
+
+        def initialize_state(self, request):
+            state = request
+            if returns == "copy":
+                state = request.model_copy()
+            elif returns == "changed":
+                state = KeyRequest(key=request.key + "!")
+            made.append(state)
+            return state
+
+        async def perform(self, state, ctx):
+            return state.key
+
+    class DeclaredJob(Job[KeyRequest], name=f"planning.declared-job-{returns}"):
+        keep_after_completed = True
+
+        def prepare_steps(self, request):
+            return [self.create_step(Declared, KeyRequest(key=k)) for k in ("a", "b")]
+
+    async def scenario():
+        monkeypatch.setattr(registry, "dump", counting)
+        result = await cluster.start(DeclaredJob, KeyRequest(key="x"))
+        monkeypatch.setattr(registry, "dump", dump)
+        state = await cluster.wait(result.job_id)
+        return state, await cluster.storage().steps.get_for_job(result.job_id)
+
+    state, steps = run(scenario())
+    assert state.status == JobStatus.COMPLETED_SUCCESSFULLY
+    states = sorted(registry.load(step.state).key for step in steps)
+    results = sorted(registry.load(step.result).root for step in steps)
+    suffix = "!" if returns == "changed" else ""
+    assert states == results == [f"a{suffix}", f"b{suffix}"]
+    prepared = [value for value in dumped if any(value is state for state in made)]
+    assert len(made) == 2 and len(prepared) == (0 if returns == "request" else 2)
+
+
 # -- When start fails ----------------------------------------------------------------------------
 
 

@@ -160,6 +160,40 @@ def test_a_plan_s_ids_planned_twice_are_found_however_they_come():
     assert seen.add(made[3].upper())  # another id (as the index tells them apart)
 
 
+def test_a_chunk_of_ids_is_noted_as_one_by_one_would_and_the_first_seen_before_is_named():
+    made = [new_step_id() for _ in range(12)]
+    seen = PlannedIds()
+    assert seen.add_all(made[:4]) is None and seen.add_all([]) is None
+    assert all(step_id in seen for step_id in made[:4])
+    assert seen.add_all([*made[4:6], made[1], made[6]]) == made[1]  # planned twice
+    assert made[4] in seen and made[5] in seen and made[6] not in seen  # noted up to it
+    assert seen.add_all([made[7], made[7]]) == made[7]  # twice within the chunk
+    assert seen.add_all([made[9], made[8]]) is None  # out of order: noted one by one
+    assert seen.add_all([made[8]]) == made[8]
+    assert seen.add_all(["mine", made[10]]) is None and seen.add_all(["mine"]) == "mine"
+    assert seen.add_all([made[11]]) is None and seen.add_all([made[11]]) == made[11]
+    upper = made[3].upper()
+    assert seen.add_all([upper]) is None and seen.add_all([upper]) == upper
+
+
+def test_a_run_of_ids_is_packed_whole_or_not_at_all():
+    made = [new_step_id() for _ in range(6)]
+    packed = PackedIds()
+    assert packed.add_run(made[:2]) and packed.add_run([]) and list(packed) == made[:2]
+    for refused in (
+        [made[1], made[2]],  # not above the last
+        [made[3], made[2]],  # not ascending
+        [made[2], made[2]],
+        [made[2], made[3].upper()],  # not how an id is held
+        [made[2], made[3][:31]],
+        [made[2][:16] + " " + made[2][17:]],
+    ):
+        assert not packed.add_run(refused)
+        assert list(packed) == made[:2]  # nothing of it added
+    assert packed.add_run(made[2:]) and list(packed) == made
+    assert [packed.find(step_id) for step_id in made] == list(range(6))
+
+
 def test_the_engine_s_ids_are_noted_for_the_plan_check_in_16_bytes():
     seen = PlannedIds()
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import FrozenInstanceError
+from enum import IntEnum
 
-from choreography_ray.jobs.job import _OrderedIds, new_step_id
+import pytest
+from pydantic import BaseModel
+
+from choreography_ray.jobs.errors import TypeRegistryError
+from choreography_ray.jobs.job import Job, StepDetails, _OrderedIds, new_step_id
+from choreography_ray.jobs.step import JobStep, StepContext
 
 
 def test_new_step_ids_are_distinct_version_7_uuids_in_hex_in_increasing_order():
@@ -30,3 +37,56 @@ def test_a_millisecond_whose_counter_runs_out_moves_to_the_next_and_stays_in_ord
     made = [ids() for _ in range(4)]
     assert [first, *made] == sorted([first, *made]) and len(set(made)) == 4
     assert int(made[-1][:12], 16) == int(first[:12], 16) + 1001
+
+
+class _Request(BaseModel):
+    key: str
+
+
+class _Other(BaseModel):
+    value: int = 0
+
+
+class _Step(JobStep[_Request, _Request, int], name="tests.job.create-step"):
+    async def perform(self, state: _Request, ctx: StepContext) -> int:
+        return 1
+
+
+class _Planning(Job[_Request], name="tests.job.create-step-job"):
+    def prepare_steps(self, request: _Request) -> list[StepDetails]:
+        return []
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_create_step_refuses_what_it_cannot_plan_with_a_reason_before_and_after_a_good_step(
+    cached,
+):
+    """The step classes it has checked are remembered, so a plan of thousands of steps checks
+    its class once; a bad call still gets its own reason either way."""
+    job = _Planning()
+    if cached:
+        job.create_step(_Step, _Request(key="a"))
+    with pytest.raises(TypeRegistryError, match="is not a JobStep class"):
+        job.create_step(_Request, _Request(key="a"))  # type: ignore[arg-type]
+    with pytest.raises(TypeRegistryError, match="is not a JobStep class"):
+        job.create_step([_Step], _Request(key="a"))  # type: ignore[arg-type]  # unhashable
+    with pytest.raises(TypeError, match="takes a _Request request, got _Other"):
+        job.create_step(_Step, _Other())  # type: ignore[arg-type]
+    for stage in (-1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="stage must be a whole number >= 0"):
+            job.create_step(_Step, _Request(key="a"), stage=stage)  # type: ignore[arg-type]
+
+
+def test_create_step_gives_every_field_it_was_given():
+    class Stage(IntEnum):
+        LATER = 3
+
+    job = _Planning()
+    request = _Request(key="a")
+    made = job.create_step(_Step, request, stage=Stage.LATER, name="n", step_id="given")
+    assert made == StepDetails(step_id="given", step_type=_Step, request=request, stage=3, name="n")
+    assert made.request is request
+    fresh = job.create_step(_Step, request)
+    assert (fresh.stage, fresh.name, len(fresh.step_id)) == (0, "", 32)
+    with pytest.raises(FrozenInstanceError):
+        fresh.stage = 1  # type: ignore[misc]
