@@ -234,8 +234,10 @@ class StepRun:
             writer = self._partition_writer = self.worker.writer_for(self.key.job_key)
         return writer
 
-    def _write(self) -> asyncio.Future[None]:
-        return self._writer.write(self.record)
+    def _write(self) -> bool:
+        """The outcome's write: `_written` ends the run once it is durable, or is not."""
+        self._writer.write(self.record, self._written)
+        return True
 
     def _write_later(self) -> None:
         """Checkpoints and Running: the outcome's write, waited for, comes after them."""
@@ -256,34 +258,21 @@ class StepRun:
     async def execute(self) -> None:
         """Perform, then settle. The outcome's write completes later, in `_written`: the task
         that performed moves on to the next run at once."""
-        written = None
+        writing = False
         try:
-            written = await self._execute()
+            writing = await self._execute()
         except Exception:
             self.log.exception(
                 "run of step %s of job %s failed to settle", self.step_id, self.job_id
             )
         finally:
-            if written is None:
+            if not writing:
                 self.end()
-        if written is not None:
-            written.add_done_callback(self._written)
 
-    def _written(self, write: asyncio.Future[None]) -> None:
+    def _written(self, error: BaseException | None) -> None:
+        """The outcome is durable (`error` None), and is reported; or it was not written."""
         report, self._report = self._report, None
-        try:
-            write.result()
-        except StaleRecord:
-            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
-        except BaseException as error:
-            self.log.error(
-                "the outcome of step %s of job %s was not written: %s; the job recounts it "
-                "from storage",
-                self.step_id,
-                self.job_id,
-                error,
-            )
-        else:
+        if error is None:
             assert report is not None  # set by `_settle` with the write it reports
             if self._started is not None:
                 self.worker.metrics.step_finished(
@@ -291,6 +280,16 @@ class StepRun:
                 )
             self.persisted = report
             self.worker.enqueue_report(self.key, report)
+        elif isinstance(error, StaleRecord):
+            self.log.info("stale run of step %s of job %s ended", self.step_id, self.job_id)
+        else:
+            self.log.error(
+                "the outcome of step %s of job %s was not written: %s; the job recounts it "
+                "from storage",
+                self.step_id,
+                self.job_id,
+                error,
+            )
         self.end()
 
     def end(self) -> None:
@@ -303,7 +302,7 @@ class StepRun:
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
-    async def _execute(self) -> asyncio.Future[None] | None:
+    async def _execute(self) -> bool:
         registry = self.worker.registry
         step = self.step_class()
         stored = self.record.state
@@ -332,7 +331,7 @@ class StepRun:
         finally:
             slots.release()
 
-    async def _perform(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
+    async def _perform(self, step: JobStep[Any, Any, Any]) -> bool:
         registry = self.worker.registry
         # Who runs the step, always: a job that sends the step again sends it back here, and
         # another worker asked to run it asks this host first. The heartbeat is renewed only
@@ -399,7 +398,7 @@ class StepRun:
             return self._settle(JobStepStatus.COMPLETED_WITH_FAILURE, error=error)
         return self._settle(JobStepStatus.COMPLETED_SUCCESSFULLY, result=payload)
 
-    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> asyncio.Future[None] | None:
+    def _settle_stopped(self, step: JobStep[Any, Any, Any]) -> bool:
         partial = None
         if self._user_state is not None:
             try:
@@ -425,14 +424,14 @@ class StepRun:
 
     def _settle(
         self, status: JobStepStatus, *, result: Any = None, error: StepError | None = None
-    ) -> asyncio.Future[None] | None:
+    ) -> bool:
         """Write the outcome; `_written` reports it once durable, so nothing is counted
-        unsaved. Not once the host shuts down: the step stays Scheduled or Running for
-        recovery."""
+        unsaved, and ends the run. Not once the host shuts down (False: nothing written, the
+        run ends now): the step stays Scheduled or Running for recovery."""
         self.closed = True
         self.release_slot()
         if self.worker.closed:
-            return None
+            return False
         # The lease stays with the outcome: which run stored it (host, activation; the attempt
         # and generation are the record's own). A run stopped before it ran has none.
         lease = self.record.state.lease if self._started is not None else None

