@@ -17,15 +17,20 @@ from collections.abc import Iterator
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-def _halves(step_id: str) -> tuple[int, int] | None:
-    """The id's two halves, or None when it is not 32 lowercase hex digits."""
-    if len(step_id) != 32:
-        return None
+def _hex(text: str) -> bytes | None:
+    """The bytes of lowercase hex `text`; None for anything that would not read back the same
+    (not hex, upper case, spaces)."""
     try:
-        packed = bytes.fromhex(step_id)
+        packed = bytes.fromhex(text)
     except ValueError:
         return None
-    if packed.hex() != step_id:  # upper case or spaces: it would not read back the same
+    return packed if packed.hex() == text else None
+
+
+def _halves(step_id: str) -> tuple[int, int] | None:
+    """The id's two halves, or None when it is not 32 lowercase hex digits."""
+    packed = _hex(step_id) if len(step_id) == 32 else None
+    if packed is None:
         return None
     return int.from_bytes(packed[:8]), int.from_bytes(packed[8:])
 
@@ -33,14 +38,8 @@ def _halves(step_id: str) -> tuple[int, int] | None:
 def _packed(step_ids: list[str]) -> array[int] | None:
     """The ids' halves, high and low in turn, or None when any is not 32 lowercase hex digits
     (`_halves` of each, in a few calls for the whole list)."""
-    if set(map(len, step_ids)) - {32}:
-        return None
-    joined = "".join(step_ids)
-    try:
-        packed = bytes.fromhex(joined)
-    except ValueError:
-        return None
-    if packed.hex() != joined:  # upper case or spaces: it would not read back the same
+    packed = None if set(map(len, step_ids)) - {32} else _hex("".join(step_ids))
+    if packed is None:
         return None
     halves = array("Q", packed)
     if _LITTLE_ENDIAN:

@@ -234,11 +234,6 @@ class StepRun:
             writer = self._partition_writer = self.worker.writer_for(self.key.job_key)
         return writer
 
-    def _write(self) -> bool:
-        """The outcome's write: `_written` ends the run once it is durable, or is not."""
-        self._writer.write(self.record, self._written)
-        return True
-
     def _write_later(self) -> None:
         """Checkpoints and Running: the outcome's write, waited for, comes after them."""
         self._writer.write_later(self.record)
@@ -442,4 +437,5 @@ class StepRun:
             changes["progress"] = _DONE
         self._status(status, error, changes)
         self._report = outcome_report(self.record.state, self.generation, self.attempt)
-        return self._write()
+        self._writer.write(self.record, self._written)  # `_written` ends the run
+        return True
