@@ -769,6 +769,57 @@ def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(run, 
         locker.close()
 
 
+def test_a_batch_that_meets_the_lock_on_the_loop_is_encoded_once(
+    run, tmp_path, registry, monkeypatch
+):
+    """An inline attempt that finds another process holding the write lock is made again, up
+    to four times, and then on the thread: encoding, most of a batch's cost, is done once."""
+    from choreography_ray.storage.sql import provider as sql_provider
+
+    monkeypatch.setattr(sql_provider, "_INLINE_RETRIES", (0, 0, 0, 0))  # no pause: loop turns
+    provider = open_storage(sqlite_url(tmp_path), registry=registry)
+    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
+    storage = provider.for_key(KEY)
+    codec = storage.steps._codec
+    encoded: list[str] = []
+    real = codec.encode_step
+
+    def counting(state: JobStepState) -> str:
+        encoded.append(state.id)
+        return real(state)
+
+    monkeypatch.setattr(codec, "encode_step", counting)
+    attempts: list[bool] = []
+    inline = provider._inline
+
+    def attempt(fn, args):
+        answer = inline(fn, args)
+        attempts.append(answer is not sql_provider._MISSED)
+        return answer
+
+    monkeypatch.setattr(provider, "_inline", attempt)
+
+    async def scenario():
+        await provider.initialize()
+        locker.execute("BEGIN IMMEDIATE")
+        saving = asyncio.ensure_future(storage.steps.save_many([step("a"), step("b")]))
+        for _ in range(20):  # every inline attempt, then the thread's, which waits for the lock
+            await asyncio.sleep(0)
+        missed = list(attempts)
+        locker.execute("COMMIT")
+        return missed, await saving
+
+    try:
+        missed, versions = run(scenario())
+        assert missed == [False, False, False, False]
+        assert versions == [1, 1]
+        assert sorted(encoded) == ["a", "b"]
+        assert [state.id for state in run(storage.steps.get_all_for_job("job"))] == ["a", "b"]
+    finally:
+        run(provider.close())
+        locker.close()
+
+
 def test_a_count_from_the_columns_trusts_a_malformed_record_s_status_and_a_verified_one_does_not(
     run, sqlite_provider, tmp_path
 ):

@@ -66,10 +66,11 @@ class SqlJobStorage(JobLookup, SqlRecords):
     async def save(self, state: JobState) -> int:
         check_id(state.id, "job id")
         check_job_key(state, self.key)
-        return await self._quick(self._save, state)
+        # Encoded once, before any attempt: one made inline again after meeting the write
+        # lock writes the same text (a record that holds its plan is large).
+        return await self._quick(self._save, state, self._codec.encode_job(state))
 
-    def _save(self, state: JobState) -> int:
-        document = self._codec.encode_job(state)
+    def _save(self, state: JobState, document: str) -> int:
         scope, namespace = self.key.scope, self.key.namespace
         expected = state.version
         columns = (

@@ -38,6 +38,9 @@ _DEFERRED_CHECKPOINT_ROWS = 1000
 # A batch that lost and then finds no conflict (the record moved back meanwhile) is tried again.
 _BATCH_ATTEMPTS = 3
 
+_Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+"""A batch's inserts and updates, each record's values in its statement's order."""
+
 _KEPT_STEPS = (int(JobStepStatus.COMPLETED_WITH_FAILURE), int(JobStepStatus.FAILED))
 
 
@@ -64,10 +67,18 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         if not states:
             return []
         check_batch(states)
-        run = self._quick if len(states) <= QUICK_BATCH else self._run
-        return await run(self._save_many, list(states))
+        batch = list(states)
+        if len(batch) > QUICK_BATCH:
+            return await self._run(self._save_many, batch)
+        # Encoded here, once: an inline attempt that finds the write lock taken is made again,
+        # and encoding is most of a batch's cost.
+        return await self._quick(self._write_rows, batch, self._rows(batch))
 
     def _save_many(self, states: list[JobStepState]) -> list[int]:
+        return self._write_rows(states, self._rows(states))
+
+    def _rows(self, states: list[JobStepState]) -> _Rows:
+        """The batch's new records and changed ones, encoded as their statements bind them."""
         scope, namespace = self.key.scope, self.key.namespace
         encode = self._codec.encode_step
         inserts: list[tuple[Any, ...]] = []
@@ -109,6 +120,10 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
                         state.version,
                     )
                 )
+        return inserts, updates
+
+    def _write_rows(self, states: list[JobStepState], rows: _Rows) -> list[int]:
+        inserts, updates = rows
         for _ in range(_BATCH_ATTEMPTS):
             if self._write_batch(inserts, updates):
                 if len(inserts) >= ANALYZE_AFTER:
