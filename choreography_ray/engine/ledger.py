@@ -176,10 +176,16 @@ class StepLedger:
         if not more:
             self._steps.reset()
             self._types = StepTypes()
-        add, types = self._steps.add, self._types
+        index, types = self._steps, self._types
         others, names = types.others, self._names
+        ids: list[str] = []  # added together (`StepIndex.add_all`)
+        stages: list[int] = []
+        counted_at: set[int] = set()
         for step_id, stage, name, step_type in steps:
-            add(step_id, stage, step_id in counted)
+            if step_id in counted:
+                counted_at.add(len(ids))
+            ids.append(step_id)
+            stages.append(stage)
             if name:  # most steps have none; a million empty entries would hold ~100 MB
                 names[step_id] = name
             if step_type != types.default:  # `StepTypes.add`, inline: once per step
@@ -187,6 +193,7 @@ class StepLedger:
                     others[step_id] = step_type
                 else:
                     types.default = step_type
+        index.add_all(ids, stages, counted_at)
         self._loaded = True
 
     def stage_sizes(self) -> dict[int, int]:

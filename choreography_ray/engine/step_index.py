@@ -16,7 +16,7 @@ import itertools
 from array import array
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 
 from .packed_ids import PackedIds
 
@@ -93,6 +93,32 @@ class StepIndex:
                 self._in_order = False
             order.append(step_id)
         self._sizes[stage] = self._sizes.get(stage, 0) + 1
+
+    def add_all(
+        self, step_ids: list[str], stages: list[int], counted: Set[int] = frozenset()
+    ) -> None:
+        """`add` of each step in plan order, those at the positions in `counted` counted: a
+        plan's part whose ids ascend in the engine's form, with none counted and every step
+        in the first stage, is packed in a few calls; anything else is added one by one."""
+        if not step_ids:
+            return
+        order, stage = self._order, stages[0]
+        if (
+            not counted
+            and type(order) is PackedIds
+            and self._sorted is None
+            and self._counted_in_order is None
+            and self._plan_stages is None
+            and (stage == self._first_stage or not order)
+            and stages.count(stage) == len(stages)
+            and order.add_run(step_ids)
+        ):
+            if len(order) == len(step_ids):  # they are the first
+                self._first_stage = stage
+            self._sizes[stage] = self._sizes.get(stage, 0) + len(step_ids)
+            return
+        for at, (step_id, each) in enumerate(zip(step_ids, stages, strict=True)):
+            self.add(step_id, each, at in counted)
 
     def _search(self) -> PackedIds | list[str]:
         """The search list, built once after steps were added (with each stage and count)."""

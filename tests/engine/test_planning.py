@@ -705,3 +705,28 @@ def test_a_step_request_with_nan_or_infinity_is_an_invalid_plan_and_nothing_is_p
     assert state.plan is None and not state.has_stored_step_plan
     assert steps == 0
     assert script.runs == []
+
+
+@pytest.mark.parametrize("steps", [1, 255, 256, 257, 700])
+def test_a_plan_is_weighed_as_its_entries_written_one_by_one(steps):
+    """The plan is weighed a chunk of entries at a time; the size, and the answer at the limit
+    and one below it, are those of writing each entry alone (names of several bytes a
+    character included: the size counts characters, as the job record's text does)."""
+    from choreography_ray.jobs.registry import Payload
+    from choreography_ray.jobs.state import PlannedStep
+
+    plan = [
+        PlannedStep(
+            step_id=f"s{n}",
+            stage=n % 3,
+            step_type="noop",
+            name="été" * (n % 4),
+            request=Payload(type="item", data={"n": n}),
+        )
+        for n in range(steps)
+    ]
+    size = sum(len(step.model_dump_json()) + 1 for step in plan) + 2
+    assert planning.plan_size(plan) == size
+    assert not planning.plan_exceeds(plan, size)
+    assert planning.plan_exceeds(plan, size - 1)
+    assert planning.plan_exceeds(plan, size // 2) and not planning.plan_exceeds([], 2)

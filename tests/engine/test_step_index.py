@@ -9,6 +9,8 @@ import random
 import tracemalloc
 from datetime import UTC, datetime
 
+import pytest
+
 from choreography_ray.bench import NoopFanOut, NoopItem, NoopStep
 from choreography_ray.engine import planning
 from choreography_ray.engine.ledger import StepLedger
@@ -296,3 +298,78 @@ def test_a_run_of_ids_is_held_at_its_positions_or_not():
     assert mixed.holds_run(0, ["step-a", "step-b", "step-c"])
     assert not mixed.holds_run(0, ["step-c", "step-a", "step-b"])
     assert not mixed.holds_run(-1, ["step-a"])
+
+
+def _observed(index: StepIndex, steps: list[str]) -> tuple[object, ...]:
+    """Everything the ledger asks of an index, for every step."""
+    return (
+        [index.find(step_id) for step_id in steps],
+        [index.stage_of(step_id) for step_id in steps],
+        [index.is_counted(step_id) for step_id in steps],
+        index.stage_sizes(),
+        index.per_stage,
+        index.counted,
+        {stage: list(index.steps_of(stage)) for stage in index.stages()},
+        {stage: index.stage_done(stage) for stage in index.stages()},
+    )
+
+
+_IDS = [new_step_id() for _ in range(12)]
+
+
+def _parts(*parts: list[tuple[int, int, bool]]) -> list[list[tuple[str, int, bool]]]:
+    """Parts of (index into `_IDS`, stage, counted)."""
+    return [[(_IDS[at], stage, counted) for at, stage, counted in part] for part in parts]
+
+
+@pytest.mark.parametrize(
+    ("parts", "ask_between"),
+    [
+        (_parts([(0, 0, False), (1, 0, False), (2, 0, False)]), False),  # packed whole
+        (_parts([(0, 2, False), (1, 2, False)], [(2, 2, False)]), False),  # the first stage is 2
+        (_parts([(0, 0, False), (1, 0, False)], [(2, 1, False), (3, 1, False)]), False),
+        (_parts([(0, 0, False), (1, 1, False), (2, 0, False)], [(3, 0, False)]), False),
+        (_parts([(0, 0, False), (1, 0, True), (2, 0, False)], [(3, 0, False)]), False),
+        (_parts([(0, 0, False), (1, 0, False)], [(2, 0, False), (3, 0, False)]), True),
+        (_parts([(1, 0, False), (0, 0, False)], [(2, 0, False)]), False),  # not ascending
+        (_parts([(0, 0, False)], [], [(1, 0, False)]), False),  # an empty part
+    ],
+)
+def test_a_part_added_at_once_answers_as_its_steps_added_one_by_one(parts, ask_between):
+    """`add_all` packs a part in a few calls only where that is what adding each step gives:
+    not for a later stage, mixed stages, counted steps, ids out of order, or an index whose
+    stages, flags or search list already exist (`ask_between`: a question after each part)."""
+    one_by_one, at_once = StepIndex(), StepIndex()
+    steps: list[str] = []
+    for part in parts:
+        for step_id, stage, counted in part:
+            one_by_one.add(step_id, stage, counted)
+        at_once.add_all(
+            [step_id for step_id, _, _ in part],
+            [stage for _, stage, _ in part],
+            {at for at, (_, _, counted) in enumerate(part) if counted},
+        )
+        steps += [step_id for step_id, _, _ in part]
+        if ask_between:
+            assert _observed(at_once, steps) == _observed(one_by_one, steps)
+    assert _observed(at_once, steps) == _observed(one_by_one, steps)
+
+
+def test_a_part_of_the_job_s_own_ids_is_added_one_by_one():
+    """Ids the job chose are held as strings from the first that does not pack."""
+    one_by_one, at_once = StepIndex(), StepIndex()
+    for part in (["step-b", "step-a"], [_IDS[0], _IDS[1]], ["STEP-C"]):
+        for step_id in part:
+            one_by_one.add(step_id, 0)
+        at_once.add_all(part, [0] * len(part))
+    steps = ["step-b", "step-a", _IDS[0], _IDS[1], "STEP-C"]
+    assert _observed(at_once, steps) == _observed(one_by_one, steps)
+
+
+def test_the_ledger_indexes_a_recount_s_counted_steps_in_their_parts():
+    ledger = StepLedger()
+    ids = [new_step_id() for _ in range(6)]
+    ledger.index(((s, 0, "", "noop") for s in ids[:3]), counted={ids[1]})
+    ledger.index(((s, 0, "", "noop") for s in ids[3:]), more=True, counted={ids[4], ids[5]})
+    assert [ledger.is_counted(s) for s in ids] == [False, True, False, False, True, True]
+    assert ledger.stage_sizes() == {0: 6}
