@@ -19,11 +19,11 @@ from ..step_query import (
     StepOrder,
     StepPage,
     StepQuery,
-    changed_micros,
     paged,
 )
 from .base import ANALYZE_AFTER, SqlRecords, scalar
 from .schema import steps_table
+from .step_rows import Rows, record_only, step_rows
 
 QUICK_BATCH = 2000
 """Batches up to this size may run inline on the event loop (SQLite), blocking it for tens of
@@ -37,9 +37,6 @@ _LOOKUP_CHUNK = 500
 _DEFERRED_CHECKPOINT_ROWS = 1000
 # A batch that lost and then finds no conflict (the record moved back meanwhile) is tried again.
 _BATCH_ATTEMPTS = 3
-
-_Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
-"""A batch's inserts and updates, each record's values in its statement's order."""
 
 _KEPT_STEPS = (int(JobStepStatus.COMPLETED_WITH_FAILURE), int(JobStepStatus.FAILED))
 
@@ -77,52 +74,10 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     def _save_many(self, states: list[JobStepState]) -> list[int]:
         return self._write_rows(states, self._rows(states))
 
-    def _rows(self, states: list[JobStepState]) -> _Rows:
-        """The batch's new records and changed ones, encoded as their statements bind them."""
-        scope, namespace = self.key.scope, self.key.namespace
-        encode = self._codec.encode_step
-        inserts: list[tuple[Any, ...]] = []
-        updates: list[tuple[Any, ...]] = []
-        for state in states:
-            document = encode(state)
-            changed = changed_micros(state)
-            if state.version == 0:
-                inserts.append(
-                    (
-                        scope,
-                        namespace,
-                        state.job_id,
-                        state.id,
-                        state.type,
-                        state.name,
-                        state.stage,
-                        int(state.status),
-                        state.position,
-                        changed,
-                        document,
-                    )
-                )
-            else:
-                updates.append(
-                    (
-                        state.type,
-                        state.name,
-                        state.stage,
-                        int(state.status),
-                        state.position,
-                        changed,
-                        state.version + 1,
-                        document,
-                        scope,
-                        namespace,
-                        state.job_id,
-                        state.id,
-                        state.version,
-                    )
-                )
-        return inserts, updates
+    def _rows(self, states: list[JobStepState]) -> Rows:
+        return step_rows(self.key.scope, self.key.namespace, self._codec.encode_step, states)
 
-    def _write_rows(self, states: list[JobStepState], rows: _Rows) -> list[int]:
+    def _write_rows(self, states: list[JobStepState], rows: Rows) -> list[int]:
         inserts, updates = rows
         for _ in range(_BATCH_ATTEMPTS):
             if self._write_batch(inserts, updates):
@@ -175,7 +130,7 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
 
     def _update_one(self, connection: Connection, full: tuple[Any, ...]) -> int:
         """One SQLite update: first setting only the record, in case the indexed columns stay."""
-        if _execute(connection, self._sql.update_step_record, [_record_only(full)]):
+        if _execute(connection, self._sql.update_step_record, [record_only(full)]):
             return 1
         return _execute(connection, self._sql.update_step, [full])
 
@@ -441,14 +396,6 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
     def _delete(self, where: ColumnElement[bool]) -> int:
         with self.provider.autocommit() as connection:
             return connection.execute(delete(steps_table).where(where)).rowcount
-
-
-def _record_only(full: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The parameters of `update_step_record` from those of `update_step`."""
-    (type_, name, stage, status, position, changed, version, document) = full[:8]
-    scope, namespace, job_id, step_id, read = full[8:]
-    keys = (scope, namespace, job_id, step_id, read)
-    return (name, version, document, *keys, status, type_, stage, position, changed)
 
 
 class _Lost(Exception):
