@@ -155,8 +155,9 @@ def _entry_sizes(plan: list[PlannedStep]) -> Iterator[int]:
 
 
 def plan_exceeds(plan: list[PlannedStep], limit: int) -> bool:
-    """Whether the plan's JSON is larger than `limit` bytes, reading only as far as it must:
-    deciding whether a plan of a million steps stays inline costs a few thousand entries."""
+    """Whether the plan's JSON is longer than `limit` characters (bytes, for ASCII), reading
+    only as far as it must: whether a plan of a million steps stays inline costs a few
+    thousand entries."""
     size = 2
     for chunk in _entry_sizes(plan):
         size += chunk
@@ -166,5 +167,5 @@ def plan_exceeds(plan: list[PlannedStep], limit: int) -> bool:
 
 
 def plan_size(plan: list[PlannedStep]) -> int:
-    """Bytes of the plan's JSON: what deciding inline against external storage weighs."""
+    """Characters of the plan's JSON: what deciding inline against external storage weighs."""
     return sum(_entry_sizes(plan)) + 2

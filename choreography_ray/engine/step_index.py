@@ -68,7 +68,8 @@ class StepIndex:
         self._counted, self._per_stage, self._known_counted = bytearray(), {}, 0
 
     def add(self, step_id: str, stage: int, counted: bool = False) -> None:
-        """Know a step, after the ones known (plan order); `counted`: its outcome is."""
+        """Know a step, after the ones known (plan order); `counted`: its outcome is.
+        `add_all`'s fast path holds what this does for its steps: change one, change both."""
         order = self._order
         if self._sorted is not None:  # asked about before: searched again once complete
             self._drop_search()
@@ -100,6 +101,8 @@ class StepIndex:
         """`add` of each step in plan order, those at the positions in `counted` counted: a
         plan's part whose ids ascend in the engine's form, with none counted and every step
         in the first stage, is packed in a few calls; anything else is added one by one."""
+        if len(stages) != len(step_ids):
+            raise ValueError(f"{len(step_ids)} steps with {len(stages)} stages")
         if not step_ids:
             return
         order, stage = self._order, stages[0]

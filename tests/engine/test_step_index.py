@@ -373,3 +373,12 @@ def test_the_ledger_indexes_a_recount_s_counted_steps_in_their_parts():
     ledger.index(((s, 0, "", "noop") for s in ids[3:]), more=True, counted={ids[4], ids[5]})
     assert [ledger.is_counted(s) for s in ids] == [False, True, False, False, True, True]
     assert ledger.stage_sizes() == {0: 6}
+
+
+def test_a_part_s_steps_and_stages_must_pair_up():
+    index = StepIndex()
+    with pytest.raises(ValueError, match="2 steps with 1 stages"):
+        index.add_all(_IDS[:2], [0])
+    with pytest.raises(ValueError):
+        index.add_all(_IDS[:1], [])
+    assert len(index.stage_sizes()) == 0

@@ -820,6 +820,64 @@ def test_a_batch_that_meets_the_lock_on_the_loop_is_encoded_once(
         locker.close()
 
 
+def test_a_job_record_that_meets_the_lock_is_written_as_its_first_attempt_took_it(
+    run, tmp_path, registry, monkeypatch
+):
+    """Its text and its columns are taken once, by the first attempt: the attempts made again
+    (and the thread's) write the same, encoded once, even when the state moved meanwhile, so
+    the status column and the record's own status never disagree."""
+    from choreography_ray.storage.sql import provider as sql_provider
+
+    monkeypatch.setattr(sql_provider, "_INLINE_RETRIES", (0, 0, 0, 0))
+    provider = open_storage(sqlite_url(tmp_path), registry=registry)
+    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
+    storage = provider.for_key(KEY)
+    codec = storage.jobs._codec
+    encoded: list[JobStatus] = []
+    real = codec.encode_job
+
+    def counting(state: JobState) -> str:
+        encoded.append(state.status)
+        return real(state)
+
+    monkeypatch.setattr(codec, "encode_job", counting)
+    missed: list[bool] = []
+    inline = provider._inline
+
+    def attempt(fn, args):
+        answer = inline(fn, args)
+        missed.append(answer is sql_provider._MISSED)
+        if missed[-1] and state.status == JobStatus.RUNNING:
+            state.status = JobStatus.STOPPED  # moved after the first attempt took it
+        return answer
+
+    monkeypatch.setattr(provider, "_inline", attempt)
+    state = job()
+
+    async def scenario():
+        await provider.initialize()
+        state.version = await storage.jobs.save(state)
+        state.status = JobStatus.RUNNING
+        locker.execute("BEGIN IMMEDIATE")
+        saving = asyncio.ensure_future(storage.jobs.save(state))
+        for _ in range(20):  # every inline attempt, then the thread's, which waits for the lock
+            await asyncio.sleep(0)
+        locker.execute("COMMIT")
+        return await saving
+
+    try:
+        assert run(scenario()) == 2
+        assert missed[-4:] == [True, True, True, True]
+        assert encoded == [JobStatus.NONE, JobStatus.RUNNING]
+        with sqlite3.connect(tmp_path / "jobs.db") as db:
+            column, text = db.execute("SELECT status, state FROM choreography_jobs").fetchone()
+        assert column == int(JobStatus.RUNNING)
+        assert JobState.model_validate_json(text).status == JobStatus.RUNNING
+    finally:
+        run(provider.close())
+        locker.close()
+
+
 def test_a_count_from_the_columns_trusts_a_malformed_record_s_status_and_a_verified_one_does_not(
     run, sqlite_provider, tmp_path
 ):

@@ -48,6 +48,10 @@ def _ordering(query: JobQuery) -> list[ColumnElement[Any]]:
     return [column.desc() for column in columns] if query.descending else columns
 
 
+_JobRow = tuple[str, tuple[Any, ...], int]
+"""A job record as a write binds it: its text, its columns and the version it replaces."""
+
+
 class SqlJobStorage(JobLookup, SqlRecords):
     async def find(self, job_id: str) -> JobState | None:
         check_id(job_id, "job id")
@@ -66,20 +70,28 @@ class SqlJobStorage(JobLookup, SqlRecords):
     async def save(self, state: JobState) -> int:
         check_id(state.id, "job id")
         check_job_key(state, self.key)
-        # Encoded once, before any attempt: one made inline again after meeting the write
-        # lock writes the same text (a record that holds its plan is large).
-        return await self._quick(self._save, state, self._codec.encode_job(state))
+        return await self._quick(self._save, state, [])
 
-    def _save(self, state: JobState, document: str) -> int:
+    def _save(self, state: JobState, taken: list[_JobRow]) -> int:
+        """Write the record as the first attempt took it (`taken`): an attempt made again after
+        the SQLite lock was taken writes the same text and columns, however the state moved
+        meanwhile, and does not encode it again (a record that holds its plan is large)."""
+        if not taken:
+            taken.append(
+                (
+                    self._codec.encode_job(state),
+                    (
+                        state.type,
+                        int(state.status),
+                        to_micros(state.created),
+                        state.stop_finalized,
+                        to_micros(state.last_change),
+                    ),
+                    state.version,
+                )
+            )
+        document, columns, expected = taken[0]
         scope, namespace = self.key.scope, self.key.namespace
-        expected = state.version
-        columns = (
-            state.type,
-            int(state.status),
-            to_micros(state.created),
-            state.stop_finalized,
-            to_micros(state.last_change),
-        )
         with self.provider.autocommit() as connection:
             if expected == 0:
                 written = connection.exec_driver_sql(

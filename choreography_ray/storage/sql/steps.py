@@ -64,21 +64,19 @@ class SqlJobStepStorage(StepLookup, SqlRecords):
         if not states:
             return []
         check_batch(states)
-        batch = list(states)
-        if len(batch) > QUICK_BATCH:
-            return await self._run(self._save_many, batch)
-        # Encoded here, once: an inline attempt that finds the write lock taken is made again,
-        # and encoding is most of a batch's cost.
-        return await self._quick(self._write_rows, batch, self._rows(batch))
+        run = self._quick if len(states) <= QUICK_BATCH else self._run
+        return await run(self._save_many, list(states), [])
 
-    def _save_many(self, states: list[JobStepState]) -> list[int]:
-        return self._write_rows(states, self._rows(states))
-
-    def _rows(self, states: list[JobStepState]) -> Rows:
-        return step_rows(self.key.scope, self.key.namespace, self._codec.encode_step, states)
-
-    def _write_rows(self, states: list[JobStepState], rows: Rows) -> list[int]:
-        inserts, updates = rows
+    def _save_many(self, states: list[JobStepState], encoded: list[Rows]) -> list[int]:
+        """Write the batch; `encoded` keeps its rows from the first attempt, so that an attempt
+        made again (the SQLite lock was taken, a transient error) does not encode it again:
+        encoding is most of a batch's cost. The first attempt runs where writes run (the
+        event loop or the provider's thread), so encoding does too."""
+        if not encoded:
+            encoded.append(
+                step_rows(self.key.scope, self.key.namespace, self._codec.encode_step, states)
+            )
+        inserts, updates = encoded[0]
         for _ in range(_BATCH_ATTEMPTS):
             if self._write_batch(inserts, updates):
                 if len(inserts) >= ANALYZE_AFTER:
