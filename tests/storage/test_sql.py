@@ -769,55 +769,75 @@ def test_an_inline_write_that_finds_the_database_locked_goes_to_the_thread(run, 
         locker.close()
 
 
+class _Locked:
+    """A SQLite provider whose inline attempts retry without a pause, beside a connection
+    that can hold the write lock; it notes each inline attempt (True: it missed the lock) and
+    calls `after_attempt` after each one."""
+
+    def __init__(self, tmp_path: Path, registry, monkeypatch) -> None:
+        from choreography_ray.storage.sql import provider as sql_provider
+
+        monkeypatch.setattr(sql_provider, "_INLINE_RETRIES", (0, 0, 0, 0))  # loop turns only
+        self.provider = open_storage(sqlite_url(tmp_path), registry=registry)
+        self.locker = sqlite3.connect(
+            tmp_path / "jobs.db", isolation_level=None, check_same_thread=False
+        )
+        self.storage = self.provider.for_key(KEY)
+        self.missed: list[bool] = []
+        self.after_attempt = lambda: None
+        inline = self.provider._inline
+
+        def attempt(fn, args):
+            answer = inline(fn, args)
+            self.missed.append(answer is sql_provider._MISSED)
+            self.after_attempt()
+            return answer
+
+        monkeypatch.setattr(self.provider, "_inline", attempt)
+
+    async def while_locked(self, write):
+        """`write`'s answer, the lock held through every inline attempt and the thread's start."""
+        await self.provider.initialize()
+        self.locker.execute("BEGIN IMMEDIATE")
+        saving = asyncio.ensure_future(write())
+        for _ in range(20):  # every inline attempt, then the thread's, which waits for the lock
+            await asyncio.sleep(0)
+        self.locker.execute("COMMIT")
+        return await saving
+
+    def close(self, run) -> None:
+        run(self.provider.close())
+        self.locker.close()
+
+
+def _counted(monkeypatch, owner, name: str, into: list) -> None:
+    """Note a copy of each record `owner.name` encodes, as it was then."""
+    real = getattr(owner, name)
+
+    def counting(record):
+        into.append(record.model_copy())
+        return real(record)
+
+    monkeypatch.setattr(owner, name, counting)
+
+
 def test_a_batch_that_meets_the_lock_on_the_loop_is_encoded_once(
     run, tmp_path, registry, monkeypatch
 ):
     """An inline attempt that finds another process holding the write lock is made again, up
     to four times, and then on the thread: encoding, most of a batch's cost, is done once."""
-    from choreography_ray.storage.sql import provider as sql_provider
-
-    monkeypatch.setattr(sql_provider, "_INLINE_RETRIES", (0, 0, 0, 0))  # no pause: loop turns
-    provider = open_storage(sqlite_url(tmp_path), registry=registry)
-    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
-    storage = provider.for_key(KEY)
-    codec = storage.steps._codec
-    encoded: list[str] = []
-    real = codec.encode_step
-
-    def counting(state: JobStepState) -> str:
-        encoded.append(state.id)
-        return real(state)
-
-    monkeypatch.setattr(codec, "encode_step", counting)
-    attempts: list[bool] = []
-    inline = provider._inline
-
-    def attempt(fn, args):
-        answer = inline(fn, args)
-        attempts.append(answer is not sql_provider._MISSED)
-        return answer
-
-    monkeypatch.setattr(provider, "_inline", attempt)
-
-    async def scenario():
-        await provider.initialize()
-        locker.execute("BEGIN IMMEDIATE")
-        saving = asyncio.ensure_future(storage.steps.save_many([step("a"), step("b")]))
-        for _ in range(20):  # every inline attempt, then the thread's, which waits for the lock
-            await asyncio.sleep(0)
-        missed = list(attempts)
-        locker.execute("COMMIT")
-        return missed, await saving
-
+    locked = _Locked(tmp_path, registry, monkeypatch)
+    steps = locked.storage.steps
+    encoded: list[JobStepState] = []
+    _counted(monkeypatch, steps._codec, "encode_step", encoded)
     try:
-        missed, versions = run(scenario())
-        assert missed == [False, False, False, False]
+        versions = run(locked.while_locked(lambda: steps.save_many([step("a"), step("b")])))
+        assert locked.missed[:4] == [True, True, True, True]
         assert versions == [1, 1]
-        assert sorted(encoded) == ["a", "b"]
-        assert [state.id for state in run(storage.steps.get_all_for_job("job"))] == ["a", "b"]
+        assert sorted(state.id for state in encoded) == ["a", "b"]
+        assert [state.id for state in run(steps.get_all_for_job("job"))] == ["a", "b"]
     finally:
-        run(provider.close())
-        locker.close()
+        locked.close(run)
 
 
 def test_a_job_record_that_meets_the_lock_is_written_as_its_first_attempt_took_it(
@@ -826,56 +846,34 @@ def test_a_job_record_that_meets_the_lock_is_written_as_its_first_attempt_took_i
     """Its text and its columns are taken once, by the first attempt: the attempts made again
     (and the thread's) write the same, encoded once, even when the state moved meanwhile, so
     the status column and the record's own status never disagree."""
-    from choreography_ray.storage.sql import provider as sql_provider
-
-    monkeypatch.setattr(sql_provider, "_INLINE_RETRIES", (0, 0, 0, 0))
-    provider = open_storage(sqlite_url(tmp_path), registry=registry)
-    locker = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None, check_same_thread=False)
-    storage = provider.for_key(KEY)
-    codec = storage.jobs._codec
+    locked = _Locked(tmp_path, registry, monkeypatch)
+    jobs = locked.storage.jobs
     encoded: list[JobStatus] = []
-    real = codec.encode_job
-
-    def counting(state: JobState) -> str:
-        encoded.append(state.status)
-        return real(state)
-
-    monkeypatch.setattr(codec, "encode_job", counting)
-    missed: list[bool] = []
-    inline = provider._inline
-
-    def attempt(fn, args):
-        answer = inline(fn, args)
-        missed.append(answer is sql_provider._MISSED)
-        if missed[-1] and state.status == JobStatus.RUNNING:
-            state.status = JobStatus.STOPPED  # moved after the first attempt took it
-        return answer
-
-    monkeypatch.setattr(provider, "_inline", attempt)
+    _counted(monkeypatch, jobs._codec, "encode_job", encoded)
     state = job()
 
+    def moved() -> None:  # after the first attempt took the state
+        if locked.missed[-1] and state.status == JobStatus.RUNNING:
+            state.status = JobStatus.STOPPED
+
     async def scenario():
-        await provider.initialize()
-        state.version = await storage.jobs.save(state)
+        await locked.provider.initialize()
+        state.version = await jobs.save(state)
+        encoded.clear()
         state.status = JobStatus.RUNNING
-        locker.execute("BEGIN IMMEDIATE")
-        saving = asyncio.ensure_future(storage.jobs.save(state))
-        for _ in range(20):  # every inline attempt, then the thread's, which waits for the lock
-            await asyncio.sleep(0)
-        locker.execute("COMMIT")
-        return await saving
+        locked.after_attempt = moved
+        return await locked.while_locked(lambda: jobs.save(state))
 
     try:
         assert run(scenario()) == 2
-        assert missed[-4:] == [True, True, True, True]
-        assert encoded == [JobStatus.NONE, JobStatus.RUNNING]
+        assert locked.missed[-4:] == [True, True, True, True]
+        assert [record.status for record in encoded] == [JobStatus.RUNNING]
         with sqlite3.connect(tmp_path / "jobs.db") as db:
             column, text = db.execute("SELECT status, state FROM choreography_jobs").fetchone()
         assert column == int(JobStatus.RUNNING)
         assert JobState.model_validate_json(text).status == JobStatus.RUNNING
     finally:
-        run(provider.close())
-        locker.close()
+        locked.close(run)
 
 
 def test_a_count_from_the_columns_trusts_a_malformed_record_s_status_and_a_verified_one_does_not(
