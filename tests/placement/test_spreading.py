@@ -8,7 +8,13 @@ import pytest
 from choreography_ray.engine.messages import StepStart
 from choreography_ray.engine.step_types import StepTypes
 from choreography_ray.jobs import NoEligibleJobWorker
-from choreography_ray.placement.spreading import WorkerLoad, WorkerLoads, shares, spread
+from choreography_ray.placement.spreading import (
+    SMALL_BATCH,
+    WorkerLoad,
+    WorkerLoads,
+    shares,
+    spread,
+)
 
 
 def starts(n: int, prefix: str = "s") -> list[StepStart]:
@@ -44,6 +50,34 @@ def test_hosts_alike_split_evenly_and_the_extra_steps_go_to_the_first_in_order()
 def test_a_bigger_node_takes_more_in_proportion_to_its_parallelism() -> None:
     assert shares(9, [0, 0], [1, 2]) == [3, 6]
     assert shares(9, [3, 0], [1, 2]) == [1, 8]  # 4/1 and 8/2: equally loaded after
+
+
+def test_a_small_batch_goes_whole_to_the_least_loaded_host_that_performs_it_at_once() -> None:
+    assert shares(10, [0, 0], [128, 128]) == [10, 0]  # not 5 and 5: one call, one commit
+    assert shares(10, [3, 0], [128, 128]) == [0, 10]  # the least loaded, not the first
+    assert shares(SMALL_BATCH, [0, 0, 0], [128, 128, 128]) == [SMALL_BATCH, 0, 0]
+    assert shares(4, [0, 0], [4, 4]) == [4, 0]  # exactly as many as it performs at once
+    assert shares(4, [2, 0], [4, 4]) == [0, 4]  # shared by load it would be [1, 3]
+    assert shares(6, [126, 125], [128, 128]) == [0, 6]  # busy hosts: [2, 4] by load
+
+
+def test_a_batch_larger_than_small_is_shared_by_load() -> None:
+    assert shares(SMALL_BATCH + 1, [0, 0], [128, 128]) == [9, 8]
+
+
+def test_a_small_batch_larger_than_a_hosts_parallelism_is_shared_by_load() -> None:
+    """Steps that take a CPU each (one slot per CPU) still go to every host."""
+    assert shares(3, [0, 0], [1, 1]) == [2, 1]
+    assert shares(5, [0, 0], [4, 4]) == [3, 2]  # one more than a host performs at once
+
+
+def test_small_jobs_one_after_another_take_turns_on_idle_hosts() -> None:
+    known = loads(w1=(0, 128), w2=(0, 128))
+    chosen = [
+        sizes(spread(starts(10, f"j{n}-"), {}, lambda _: ["w1", "w2"], known).shares)
+        for n in range(3)
+    ]
+    assert chosen == [{"w1": 10}, {"w2": 10}, {"w1": 10}]
 
 
 @pytest.mark.parametrize(
