@@ -48,6 +48,7 @@ from choreography_ray.bench import (
     BenchRequest,
     NoopFanOut,
     actor_per_step,
+    check_same_code,
     host_stats,
     map_noop,
     map_sleep,
@@ -517,6 +518,7 @@ def main() -> None:
     )
     started = time.perf_counter()
     try:
+        check_same_code()
         with tempfile.TemporaryDirectory() as tmp:
             if args.map:
                 map_fanout(args, Path(tmp))

@@ -38,7 +38,12 @@ from typing import Any
 import ray
 
 import choreography_ray as cr
-from choreography_ray.bench import BenchRequest, NoopFanOut, NoopFanOutInBackground
+from choreography_ray.bench import (
+    BenchRequest,
+    NoopFanOut,
+    NoopFanOutInBackground,
+    check_same_code,
+)
 from choreography_ray.jobs.status import JobStatus
 from choreography_ray.runtime import stop_hosts
 from choreography_ray.runtime.constants import NAMESPACE, controller_name, worker_name
@@ -329,6 +334,7 @@ def main() -> None:
     started_rows: list[tuple[str, int, float]] = []
     run = concurrent = latency = None
     try:
+        check_same_code()
         with tempfile.TemporaryDirectory() as tmp:
             sqlite = f"sqlite:///{Path(tmp) / 'jobs.db'}"
             if sizes and not args.postgres_only:

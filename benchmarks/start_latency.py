@@ -23,7 +23,7 @@ from pathlib import Path
 import ray
 
 import choreography_ray as cr
-from choreography_ray.bench import BenchRequest, NoopFanOut, dispatch_latencies
+from choreography_ray.bench import BenchRequest, NoopFanOut, check_same_code, dispatch_latencies
 from choreography_ray.runtime import stop_hosts
 
 
@@ -50,6 +50,7 @@ def main() -> None:
     )
     rows: list[str] = []
     try:
+        check_same_code()
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite:///{Path(tmp) / 'jobs.db'}"
             jobs = cr.connect(url, namespace="bench-start", modules=["choreography_ray.bench"])

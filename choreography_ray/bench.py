@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -222,6 +223,42 @@ def run_fanout(
         writes=_writes(before, after),
         rss_peak_mb={role: after[role]["rss_peak_kb"] / 1024 for role in after},
     )
+
+
+def code_mismatch(driver: str, workers: str) -> str | None:
+    """Why a measurement would mix two versions of the code: Ray's workers import
+    `choreography_ray` from `workers` and this driver from `driver` (None when they are the
+    same files)."""
+    if Path(driver).resolve() == Path(workers).resolve():
+        return None
+    return (
+        f"Ray's workers import choreography_ray from {workers} but this driver from {driver}: "
+        "Ray puts the driver's working directory first on its workers' path, so run the "
+        "benchmark from the checkout whose code it measures (benchmarks/RESULTS.md)"
+    )
+
+
+def check_same_code() -> None:
+    """Raise `ConfigurationError` unless the workers of the connected Ray import
+    `choreography_ray` from where this driver does: comparing an old version on `PYTHONPATH`,
+    started from the new checkout, measured the new code in every host (fifteenth sitting)."""
+    import ray
+
+    import choreography_ray
+
+    from .jobs.errors import ConfigurationError
+
+    workers = ray.get(ray.remote(_package_file).options(num_cpus=0).remote())
+    problem = code_mismatch(choreography_ray.__file__ or "", workers)
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
+def _package_file() -> str:
+    """Where the process running this imports `choreography_ray` from."""
+    import choreography_ray
+
+    return choreography_ray.__file__ or ""
 
 
 def plain_ray_tasks(steps: int, sleep: float = 0.0) -> float:

@@ -57,3 +57,26 @@ def test_a_job_never_released_is_waited_for_a_bounded_time(
     readings.append(_stats(live=1, rows=0))
     after = bench._released("ns", _stats(live=0, rows=0), clock, clock.sleep)
     assert after["controller"]["live_jobs"] == 1 and clock.now == 10.0
+
+
+def test_a_driver_and_workers_importing_two_copies_of_the_package_are_named() -> None:
+    assert (
+        bench.code_mismatch("/a/choreography_ray/__init__.py", "/a/choreography_ray/__init__.py")
+        is None
+    )
+    problem = bench.code_mismatch(
+        "/old/choreography_ray/__init__.py", "/new/choreography_ray/__init__.py"
+    )
+    assert problem is not None
+    assert "workers import choreography_ray from /new/choreography_ray/__init__.py" in problem
+    assert "this driver from /old/choreography_ray/__init__.py" in problem
+    assert "run the benchmark from the checkout whose code it measures" in problem
+
+
+def test_one_copy_reached_through_a_link_is_the_same_code(tmp_path) -> None:
+    real = tmp_path / "checkout" / "choreography_ray"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "checkout")
+    linked = tmp_path / "link" / "choreography_ray" / "__init__.py"
+    assert bench.code_mismatch(str(real / "__init__.py"), str(linked)) is None

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from choreography_ray.cli import app
 from choreography_ray.jobs import (
     CannotResumeJobError,
+    ConfigurationError,
     JobStatus,
     JobStepStatus,
     ResumeJobFailed,
@@ -349,3 +350,19 @@ def test_bench_prints_the_fan_out_table_beside_plain_ray(tmp_path):
     assert "plain Ray tasks" in done.stdout
     assert "choreography_ray" in done.stdout and "default" in done.stdout
     assert "tuned: max_parallel_steps=256, 2 worker hosts per node" in done.stdout
+
+
+def test_the_benchmarks_refuse_a_driver_and_workers_of_two_checkouts(ray_instance, monkeypatch):
+    """Ray's workers import the package from the driver's working directory first: a
+    benchmark of an old version on `PYTHONPATH`, started from the new checkout, would measure
+    the new code in every host. The benchmarks check before measuring."""
+    import choreography_ray
+    from choreography_ray.bench import check_same_code
+
+    check_same_code()  # the suite's workers import it from where the tests do
+    here = choreography_ray.__file__
+    monkeypatch.setattr(choreography_ray, "__file__", "/elsewhere/choreography_ray/__init__.py")
+    with pytest.raises(ConfigurationError) as refused:
+        check_same_code()
+    assert f"Ray's workers import choreography_ray from {here}" in str(refused.value)
+    assert "this driver from /elsewhere/choreography_ray/__init__.py" in str(refused.value)
