@@ -226,39 +226,39 @@ def run_fanout(
 
 
 def code_mismatch(driver: str, workers: str) -> str | None:
-    """Why a measurement would mix two versions of the code: Ray's workers import
+    """Why a measurement would mix two copies of the code: Ray's workers import
     `choreography_ray` from `workers` and this driver from `driver` (None when they are the
     same files)."""
     if Path(driver).resolve() == Path(workers).resolve():
         return None
     return (
         f"Ray's workers import choreography_ray from {workers} but this driver from {driver}: "
-        "Ray puts the driver's working directory first on its workers' path, so run the "
-        "benchmark from the checkout whose code it measures (benchmarks/RESULTS.md)"
+        "Ray puts the driver's working directory first on its workers' path. Run the benchmark "
+        "from the checkout whose code it measures, with PYTHONPATH=. (or that checkout "
+        "installed with pip install -e), as benchmarks/RESULTS.md says"
     )
 
 
-def check_same_code() -> None:
-    """Raise `ConfigurationError` unless the workers of the connected Ray import
+def check_same_code(timeout: float = 60.0) -> None:
+    """Raise `ConfigurationError` unless the workers of the connected local Ray import
     `choreography_ray` from where this driver does: comparing an old version on `PYTHONPATH`,
     started from the new checkout, measured the new code in every host (fifteenth sitting)."""
     import ray
 
-    import choreography_ray
-
     from .jobs.errors import ConfigurationError
 
-    workers = ray.get(ray.remote(_package_file).options(num_cpus=0).remote())
-    problem = code_mismatch(choreography_ray.__file__ or "", workers)
+    def package_file() -> str:
+        # Defined here, so that Ray sends it by value: a worker of another copy of the
+        # package may not have this module, or this function, at all.
+        from importlib.util import find_spec
+
+        spec = find_spec("choreography_ray")
+        return "" if spec is None or spec.origin is None else spec.origin
+
+    workers = ray.get(ray.remote(package_file).options(num_cpus=0).remote(), timeout=timeout)
+    problem = code_mismatch(package_file(), workers)
     if problem is not None:
         raise ConfigurationError(problem)
-
-
-def _package_file() -> str:
-    """Where the process running this imports `choreography_ray` from."""
-    import choreography_ray
-
-    return choreography_ray.__file__ or ""
 
 
 def plain_ray_tasks(steps: int, sleep: float = 0.0) -> float:

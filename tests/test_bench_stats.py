@@ -70,7 +70,9 @@ def test_a_driver_and_workers_importing_two_copies_of_the_package_are_named() ->
     assert problem is not None
     assert "workers import choreography_ray from /new/choreography_ray/__init__.py" in problem
     assert "this driver from /old/choreography_ray/__init__.py" in problem
-    assert "run the benchmark from the checkout whose code it measures" in problem
+    assert (
+        "Run the benchmark from the checkout whose code it measures, with PYTHONPATH=." in problem
+    )
 
 
 def test_one_copy_reached_through_a_link_is_the_same_code(tmp_path) -> None:

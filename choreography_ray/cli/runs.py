@@ -146,6 +146,7 @@ def bench(
     with tempfile.TemporaryDirectory() as workdir:
         ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
         try:
+            fanout.check_same_code()  # run from another copy's checkout, it would measure that
             configs = {}
             for name, parallel, workers in (
                 ("default", None, None),

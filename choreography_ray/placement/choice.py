@@ -6,7 +6,7 @@ advertisements, so it is tested without a cluster."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..engine.messages import StepStart
@@ -121,15 +121,18 @@ class Placement:
         adverts: Mapping[str, HostAdvert],
         loads: WorkerLoads,
         step_types: StepTypes | None = None,
+        on_loop: Callable[[str], bool] | None = None,
     ) -> Spread:
         """Which of `workers` (eligible for `job_type`) takes which start: each on a host that
-        runs its step's type, by load, a sticky step back on its host (see `spreading`)."""
+        runs its step's type, by load, a sticky step back on its host; `on_loop` says which
+        step types perform on the hosts' event loops (see `spreading`)."""
         return spread(
             starts,
             sticky,
             lambda step_type: self.step_hosts(job_type, step_type, workers, adverts),
             loads,
             step_types,
+            on_loop,
         )
 
     def controller(

@@ -4,9 +4,9 @@ Each worker host holds runs (performing and queued) and performs up to its share
 `max_parallel_steps` at once. A batch of starts is split by what each host has free: the steps
 go where (runs + new) / capacity stays lowest, so an idle host takes the most, a loaded one the
 fewest, and hosts of a bigger node proportionally more; hosts that are alike split evenly, the
-extra ones to the first in order (stable). A small batch (`SMALL_BATCH`) goes whole to the
-least loaded host when that host performs that many steps at once: one call and one group
-commit instead of one per host. A step that ran on a host that still lives and may
+extra ones to the first in order (stable). A small batch (`SMALL_BATCH`) of async steps goes
+whole to the least loaded host when that host performs that many at once: one call and one
+group commit instead of one per host. A step that ran on a host that still lives and may
 run it goes back there (a recount found its run there). One call per chosen host per batch, as
 before; the split costs O(hosts) per step type and one pass over the batch.
 
@@ -28,13 +28,14 @@ LOAD_CADENCE = 1.0
 """Seconds between two questions of a dispatcher to its worker hosts about their load."""
 
 SMALL_BATCH = 16
-"""Up to this many starts go whole to the least loaded host when it performs that many at
+"""Up to this many async steps go whole to the least loaded host when it performs that many at
 once. Split over two idle hosts, a 10-step job's `start()` answered in 11.1-11.5 ms (p50) and
 the job completed in 15.1-15.3 ms; whole, 9.3-10.1 and 12.6-13.7 ms: a second call and a second
-group commit cost more than five more no-op steps on one host (benchmarks/RESULTS.md, fifteenth
-sitting). The test is the host's parallelism, not its free slots: between two load answers a
-dispatcher counts what it sent but not what finished, so the free slots it would see are
-guessed low. Steps that take a CPU each (a slot per CPU) are still shared by load."""
+group commit cost more than five more no-op steps on one host's event loop (benchmarks/
+RESULTS.md, fifteenth sitting). The test is the host's parallelism, not its free slots: between
+two load answers a dispatcher counts what it sent but not what finished, so the free slots it
+would see are guessed low. Synchronous steps are always shared: a host performs one per CPU
+of its part of the node, while the parallelism it answers is its async steps'."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +48,14 @@ class WorkerLoad:
     """How many it performs at once (its share of its node's `max_parallel_steps`)."""
 
 
-def shares(count: int, runs: Sequence[float], capacity: Sequence[float]) -> list[int]:
+def shares(
+    count: int, runs: Sequence[float], capacity: Sequence[float], *, on_loop: bool = False
+) -> list[int]:
     """How many of `count` new steps each host takes: the least loaded relative to its
     capacity first, until the hosts it reaches are equally loaded (water filling); what does
-    not divide evenly goes to the host closest to its next step, then the first in order. Up to
-    `SMALL_BATCH` steps go whole to the least loaded host when it performs that many at once."""
+    not divide evenly goes to the host closest to its next step, then the first in order.
+    `on_loop` (the steps perform on the hosts' event loops, async): up to `SMALL_BATCH` go whole
+    to the least loaded host, the larger among equals, when it performs that many at once."""
     hosts = len(runs)
     if hosts == 0:
         raise ValueError("no host to share the steps among")
@@ -59,8 +63,8 @@ def shares(count: int, runs: Sequence[float], capacity: Sequence[float]) -> list
         return [max(0, count)] + [0] * (hosts - 1)
     ratio = [runs[i] / capacity[i] for i in range(hosts)]
     order = sorted(range(hosts), key=lambda i: (ratio[i], i))
-    least = order[0]
-    if count <= SMALL_BATCH and count <= capacity[least]:
+    least = min(order, key=lambda i: (ratio[i], -capacity[i], i))
+    if on_loop and count <= SMALL_BATCH and count <= capacity[least]:
         given = [0] * hosts
         given[least] = count
         return given
@@ -162,11 +166,14 @@ def spread(
     hosts_for: Callable[[str], Sequence[str]],
     loads: WorkerLoads,
     step_types: StepTypes | None = None,
+    on_loop: Callable[[str], bool] | None = None,
 ) -> Spread:
     """Split `starts` over worker hosts by load. `hosts_for(step_type)` answers the hosts that
     may run a step type ("" when the types are not known), in a stable order, or raises
     `NoEligibleJobWorker`; a step named in `sticky` goes to that host while it is among them.
-    What each host takes is added to `loads`."""
+    `on_loop(step_type)`: whether the type's steps perform on the hosts' event loops (async),
+    so that a small batch of them may go to one host whole (`shares`). What each host takes is
+    added to `loads`."""
     groups: dict[str, Sequence[StepStart]]
     if step_types is None:
         groups = {"": starts}
@@ -179,18 +186,18 @@ def spread(
             by_type.setdefault(of(start.step_id), []).append(start)
         groups = dict(by_type)
     found = Spread()
-    placeable: list[tuple[Sequence[str], Sequence[StepStart]]] = []
+    placeable: list[tuple[str, Sequence[str], Sequence[StepStart]]] = []
     for step_type, group in groups.items():
         try:
-            placeable.append((hosts_for(step_type), group))
+            placeable.append((step_type, hosts_for(step_type), group))
         except NoEligibleJobWorker as error:
             found.unplaced.extend(group)
             found.error = error
     # The types fewer hosts run go first: the others then fill around them.
-    placeable.sort(key=lambda entry: len(entry[0]))
+    placeable.sort(key=lambda entry: len(entry[1]))
     taken: dict[str, int] = {}
     """What this batch gave each host so far (a later step type sees it as load)."""
-    for hosts, group in placeable:
+    for step_type, hosts, group in placeable:
         free: Sequence[StepStart] = group
         if sticky:
             able = set(hosts)
@@ -209,7 +216,8 @@ def spread(
             counts = [len(free)]
         else:
             runs = [loads.runs(name) + taken.get(name, 0) for name in hosts]
-            counts = shares(len(free), runs, loads.capacities(hosts))
+            async_steps = on_loop is not None and on_loop(step_type)
+            counts = shares(len(free), runs, loads.capacities(hosts), on_loop=async_steps)
         offset = 0
         for name, count in zip(hosts, counts, strict=True):
             if count:

@@ -22,8 +22,10 @@ from ..engine.messages import (
 )
 from ..engine.ports import Dispatched
 from ..engine.step_types import StepTypes
-from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker
+from ..jobs.errors import HostError, JobOperationError, NoEligibleJobWorker, TypeRegistryError
+from ..jobs.registry import TypeKind, TypeRegistry, default_registry
 from ..jobs.state import JobKey
+from ..jobs.step import JobStep
 from ..placement.capability import HostAdvert, moves_work, reads_decisions, reads_positions
 from ..placement.choice import Placement
 from ..placement.spreading import WorkerLoad, WorkerLoads
@@ -44,6 +46,7 @@ class RayDispatcher:
         adverts: AdvertsOf | None = None,
         placement: Placement | None = None,
         clock: Clock | None = None,
+        registry: TypeRegistry = default_registry,
     ) -> None:
         self.routes = routes
         self.controller = controller
@@ -51,6 +54,9 @@ class RayDispatcher:
         """What the worker hosts advertise; None takes every worker as able (tests)."""
         self.placement = placement or Placement()
         self.clock = clock or SystemClock()
+        self.registry = registry
+        self._kinds: dict[str, bool] = {}
+        """Per step type, whether its steps perform on the hosts' event loops (`_on_loop`)."""
         self.loads = WorkerLoads()
         """The worker hosts' loads as last answered, and what was sent since."""
         routes.on_gone(self.loads.forget)
@@ -84,7 +90,7 @@ class RayDispatcher:
         # Each step on a host that runs its type, by load; a step that ran on a live eligible
         # host goes back there. One call per host.
         spread = self.placement.spread(
-            job_type, starts, sticky, workers, adverts, self.loads, step_types
+            job_type, starts, sticky, workers, adverts, self.loads, step_types, self._on_loop
         )
         shares = spread.shares
         names = list(shares)
@@ -115,6 +121,19 @@ class RayDispatcher:
             dispatched.results.extend(answer)
             dispatched.hosts[name] = [start.step_id for start in shares[name]]
         return dispatched
+
+    def _on_loop(self, step_type: str) -> bool:
+        """Whether `step_type`'s steps perform on a worker host's event loop (async), as this
+        host's registry knows the class; a type it does not know counts as synchronous."""
+        known = self._kinds.get(step_type)
+        if known is None:
+            try:
+                step_class = self.registry.resolve(step_type, TypeKind.STEP)
+            except TypeRegistryError:
+                return False
+            runs_async = issubclass(step_class, JobStep) and step_class.is_async()
+            known = self._kinds[step_type] = runs_async
+        return known
 
     def _reads_positions(self, name: str, adverts: Mapping[str, HostAdvert]) -> bool:
         if self.adverts is None:

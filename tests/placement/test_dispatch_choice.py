@@ -237,3 +237,38 @@ def test_a_host_back_under_its_name_after_leaving_the_table_counts_as_empty() ->
     took = asyncio.run(scenario())
     # w1 still holds "a" as far as the dispatcher knows: the empty w2 takes the extra step.
     assert {name: len(steps) for name, steps in took.items()} == {"w1": 3, "w2": 5}
+
+
+@pytest.mark.parametrize(
+    ("step_type", "took"),
+    [
+        ("choreography.bench.noop", {"w2": 10}),  # async, to the host without the first step
+        ("choreography.bench.map-spin", {"w1": 4, "w2": 6}),  # synchronous: a CPU each
+        ("no.such.step", {"w1": 4, "w2": 6}),  # not known here: taken as synchronous
+    ],
+)
+def test_a_small_batch_goes_to_one_worker_host_only_when_its_steps_are_async(
+    step_type: str, took: dict[str, int]
+) -> None:
+    import choreography_ray.bench  # noqa: F401  (registers the benchmark's step types)
+
+    async def scenario() -> dict[str, list[str]]:
+        clock = FakeClock()
+        routes = LoadedRoutes(["w1", "w2"], {"w1": (0, 128), "w2": (0, 128)})
+        adverts = {
+            name: HostAdvert(
+                name=name, node_id=f"n{name}", job_types=["geo.Index"], step_types=[step_type]
+            )
+            for name in ("w1", "w2")
+        }
+        sender = step_dispatcher(routes, adverts, clock)
+        await sender.start_steps(JobKey(), "j", "geo.Index", [StepStart("a", 0)], {})
+        await settle()  # the hosts answered their loads: 128 steps at once each
+        routes.took.clear()
+        kinds = typed(**{f"s{n}": step_type for n in range(10)})
+        await sender.start_steps(
+            JobKey(), "j", "geo.Index", [StepStart(f"s{n}", 0) for n in range(10)], {}, kinds
+        )
+        return routes.took
+
+    assert {name: len(ids) for name, ids in asyncio.run(scenario()).items()} == took

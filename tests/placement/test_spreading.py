@@ -52,32 +52,48 @@ def test_a_bigger_node_takes_more_in_proportion_to_its_parallelism() -> None:
     assert shares(9, [3, 0], [1, 2]) == [1, 8]  # 4/1 and 8/2: equally loaded after
 
 
-def test_a_small_batch_goes_whole_to_the_least_loaded_host_that_performs_it_at_once() -> None:
-    assert shares(10, [0, 0], [128, 128]) == [10, 0]  # not 5 and 5: one call, one commit
-    assert shares(10, [3, 0], [128, 128]) == [0, 10]  # the least loaded, not the first
-    assert shares(SMALL_BATCH, [0, 0, 0], [128, 128, 128]) == [SMALL_BATCH, 0, 0]
-    assert shares(4, [0, 0], [4, 4]) == [4, 0]  # exactly as many as it performs at once
-    assert shares(4, [2, 0], [4, 4]) == [0, 4]  # shared by load it would be [1, 3]
-    assert shares(6, [126, 125], [128, 128]) == [0, 6]  # busy hosts: [2, 4] by load
+def test_a_small_batch_of_async_steps_goes_whole_to_the_least_loaded_host() -> None:
+    """`on_loop`: the steps perform on the hosts' event loops, so one host runs them as well
+    as two, for one call and one group commit."""
+    assert shares(10, [0, 0], [128, 128], on_loop=True) == [10, 0]  # not 5 and 5
+    assert shares(10, [3, 0], [128, 128], on_loop=True) == [0, 10]  # the least loaded
+    assert shares(10, [0, 0], [16, 128], on_loop=True) == [0, 10]  # the larger among equals
+    assert shares(SMALL_BATCH, [0, 0, 0], [128] * 3, on_loop=True) == [SMALL_BATCH, 0, 0]
+    assert shares(4, [0, 0], [4, 4], on_loop=True) == [4, 0]  # as many as it performs at once
+    assert shares(4, [2, 0], [4, 4], on_loop=True) == [0, 4]  # by load it would be [1, 3]
+    assert shares(6, [126, 125], [128, 128], on_loop=True) == [0, 6]  # busy: [2, 4] by load
+
+
+def test_a_small_batch_of_synchronous_steps_is_shared_by_load() -> None:
+    """A host performs one synchronous step per CPU of its part of the node, whatever async
+    parallelism it answers: two hosts run two at once."""
+    assert shares(10, [0, 0], [128, 128]) == [5, 5]
+    assert shares(4, [0, 0], [4, 4]) == [2, 2]
 
 
 def test_a_batch_larger_than_small_is_shared_by_load() -> None:
-    assert shares(SMALL_BATCH + 1, [0, 0], [128, 128]) == [9, 8]
+    assert shares(SMALL_BATCH + 1, [0, 0], [128, 128], on_loop=True) == [9, 8]
 
 
 def test_a_small_batch_larger_than_a_hosts_parallelism_is_shared_by_load() -> None:
-    """Steps that take a CPU each (one slot per CPU) still go to every host."""
-    assert shares(3, [0, 0], [1, 1]) == [2, 1]
-    assert shares(5, [0, 0], [4, 4]) == [3, 2]  # one more than a host performs at once
+    assert shares(5, [0, 0], [4, 4], on_loop=True) == [3, 2]  # one more than a host performs
 
 
-def test_small_jobs_one_after_another_take_turns_on_idle_hosts() -> None:
-    known = loads(w1=(0, 128), w2=(0, 128))
-    chosen = [
-        sizes(spread(starts(10, f"j{n}-"), {}, lambda _: ["w1", "w2"], known).shares)
-        for n in range(3)
-    ]
-    assert chosen == [{"w1": 10}, {"w2": 10}, {"w1": 10}]
+def test_in_a_batch_of_two_kinds_only_the_async_steps_go_whole() -> None:
+    types = StepTypes()
+    for n in range(8):
+        types.add(f"s{n}", "geo.fetch" if n % 2 else "geo.crunch")
+    found = spread(
+        starts(8),
+        {},
+        lambda _: ["w1", "w2"],
+        loads(w1=(0, 128), w2=(0, 128)),
+        types,
+        on_loop=lambda step_type: step_type == "geo.fetch",
+    )
+    placed = {s.step_id: host for host, part in found.shares.items() for s in part}
+    assert sorted(placed[f"s{n}"] for n in (0, 2, 4, 6)) == ["w1", "w1", "w2", "w2"]
+    assert len({placed[f"s{n}"] for n in (1, 3, 5, 7)}) == 1  # the fetches: one host
 
 
 @pytest.mark.parametrize(

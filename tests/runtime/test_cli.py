@@ -356,12 +356,20 @@ def test_the_benchmarks_refuse_a_driver_and_workers_of_two_checkouts(ray_instanc
     """Ray's workers import the package from the driver's working directory first: a
     benchmark of an old version on `PYTHONPATH`, started from the new checkout, would measure
     the new code in every host. The benchmarks check before measuring."""
-    import choreography_ray
+    import importlib.util
+    from types import SimpleNamespace
+
     from choreography_ray.bench import check_same_code
 
     check_same_code()  # the suite's workers import it from where the tests do
-    here = choreography_ray.__file__
-    monkeypatch.setattr(choreography_ray, "__file__", "/elsewhere/choreography_ray/__init__.py")
+    find_spec = importlib.util.find_spec
+    here = find_spec("choreography_ray").origin  # type: ignore[union-attr]
+    elsewhere = SimpleNamespace(origin="/elsewhere/choreography_ray/__init__.py")
+    monkeypatch.setattr(  # the driver's copy only: the workers look in their own processes
+        importlib.util,
+        "find_spec",
+        lambda name, *rest: elsewhere if name == "choreography_ray" else find_spec(name, *rest),
+    )
     with pytest.raises(ConfigurationError) as refused:
         check_same_code()
     assert f"Ray's workers import choreography_ray from {here}" in str(refused.value)
