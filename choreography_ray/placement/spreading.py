@@ -62,12 +62,13 @@ def shares(
     if hosts == 1 or count <= 0:
         return [max(0, count)] + [0] * (hosts - 1)
     ratio = [runs[i] / capacity[i] for i in range(hosts)]
+    if on_loop and count <= SMALL_BATCH:
+        least = min(range(hosts), key=lambda i: (ratio[i], -capacity[i], i))
+        if count <= capacity[least]:
+            given = [0] * hosts
+            given[least] = count
+            return given
     order = sorted(range(hosts), key=lambda i: (ratio[i], i))
-    least = min(order, key=lambda i: (ratio[i], -capacity[i], i))
-    if on_loop and count <= SMALL_BATCH and count <= capacity[least]:
-        given = [0] * hosts
-        given[least] = count
-        return given
     held = took = 0.0
     reached = 0
     level = 0.0
