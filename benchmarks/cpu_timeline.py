@@ -19,26 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
+
+from profiling import all_processes
 
 
 def ray_processes(match: str) -> dict[int, tuple[str, float]]:
     """Each `ray::` process whose title holds `match`: its title's first word and its CPU
     seconds so far."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    found: dict[int, tuple[str, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
-            if not title.startswith("ray::") or match not in title:
-                continue
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, UnicodeDecodeError, IndexError):
-            continue  # ended meanwhile
-        found[int(entry)] = (title.split()[0], (int(fields[11]) + int(fields[12])) / ticks)
-    return found
+    return {
+        pid: (title.split()[0], cpu)
+        for pid, (title, cpu, _) in all_processes().items()
+        if title.startswith("ray::") and match in title
+    }
 
 
 def main() -> None:
@@ -50,7 +42,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     before = ray_processes(args.match)
     ends = time.monotonic() + args.seconds
-    half = whole = 0.0
+    one_core = whole = 0.0
     while time.monotonic() < ends:
         time.sleep(args.every)
         now = ray_processes(args.match)
@@ -66,7 +58,7 @@ def main() -> None:
         if total < 50:
             continue  # the hosts wait (between runs, or while plain Ray's tasks run)
         if total < 125:  # one core, give or take what Ray's own threads add
-            half += args.every
+            one_core += args.every
         if total >= 100 * cores - 25:
             whole += args.every
         print(
@@ -74,7 +66,7 @@ def main() -> None:
             + "  ".join(f"{name[5:]}:{pid}:{share:.0f}%" for pid, (name, share) in busy.items()),
             flush=True,
         )
-    print(f"\nthe hosts on one core: {half:.1f} s; on all {cores}: {whole:.1f} s")
+    print(f"\nthe hosts on one core: {one_core:.1f} s; on all {cores}: {whole:.1f} s")
 
 
 if __name__ == "__main__":

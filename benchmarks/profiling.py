@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def process_cpu() -> dict[int, tuple[str, float]]:
-    """This process's and every descendant's (title, user + system CPU seconds), from /proc
-    (Linux). Descendants include every process Ray started for this driver; py-spy's own are
-    left out, so that a profiled run's CPU is the system's."""
+def all_processes() -> dict[int, tuple[str, float, int]]:
+    """Every process of the machine: its title (its command line's first word), its user +
+    system CPU seconds (its waited-for children's too) and its parent, from /proc (Linux)."""
     ticks = os.sysconf("SC_CLK_TCK")
     found: dict[int, tuple[str, float, int]] = {}
     for entry in os.listdir("/proc"):
@@ -33,8 +32,16 @@ def process_cpu() -> dict[int, tuple[str, float]]:
             _, fields = _stat(f"/proc/{entry}/stat")
             title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (OSError, UnicodeDecodeError):
-            continue
+            continue  # it ended meanwhile
         found[int(entry)] = (title, sum(int(v) for v in fields[11:15]) / ticks, int(fields[1]))
+    return found
+
+
+def process_cpu() -> dict[int, tuple[str, float]]:
+    """This process's and every descendant's (title, user + system CPU seconds), from /proc
+    (Linux). Descendants include every process Ray started for this driver; py-spy's own are
+    left out, so that a profiled run's CPU is the system's."""
+    found = all_processes()
     children: dict[int, list[int]] = {}
     for pid, (_, _, parent) in found.items():
         children.setdefault(parent, []).append(pid)
