@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..engine.clock import Clock
 from ..placement.capability import CAPABILITIES, HostAdvert
 from .constants import ROUTES_REFRESH_SECONDS
+from .control_calls import control_store_call
 
 log = logging.getLogger("choreography_ray.runtime")
 
@@ -90,27 +92,60 @@ def parse_advert(key: bytes, raw: bytes | None) -> HostAdvert | None:
 
 
 class Adverts:
-    """The advertisements of the hosts a host routes to, read off the event loop."""
+    """The advertisements of the hosts a host routes to, read off the event loop.
+
+    Every dispatch and every report asks for them, so a reading that is merely old answers at
+    once, and the next is made in the background, one at a time: while Ray's control store
+    restarts, a reading hangs until it is back, and the steps must not wait for it (waiting,
+    a 60 s restart stopped every job for 50 s). Only hosts never read yet are waited for."""
 
     def __init__(
-        self, namespace: str, clock: Clock, cadence: float = ROUTES_REFRESH_SECONDS
+        self,
+        namespace: str,
+        clock: Clock,
+        cadence: float = ROUTES_REFRESH_SECONDS,
+        read: Callable[[str, list[str]], dict[str, HostAdvert]] = read_adverts,
     ) -> None:
         self.namespace = namespace
         self.clock = clock
         self.cadence = cadence
+        self._read = read
         self._hosts: tuple[str, ...] = ()
         self._read_at: float | None = None
         self._adverts: dict[str, HostAdvert] = {}
+        self._reading: asyncio.Task[None] | None = None
 
     async def of(self, hosts: list[str]) -> dict[str, HostAdvert]:
-        """The advertisements of `hosts`, read again when they changed or are old."""
-        now = self.clock.now().timestamp()
-        stale = self._read_at is None or now - self._read_at >= self.cadence
+        """The advertisements of `hosts`: the last reading, read again when it is old (in the
+        background) or lacks a host it was not made for (waited for)."""
         missing = any(name not in self._adverts for name in hosts)
-        if stale or (missing and tuple(hosts) != self._hosts):
-            try:
-                self._adverts = await asyncio.to_thread(read_adverts, self.namespace, hosts)
-                self._hosts, self._read_at = tuple(hosts), now
-            except Exception:
-                log.exception("reading the host advertisements failed; the last reading stays")
+        if self._read_at is None or (missing and tuple(hosts) != self._hosts):
+            await self._reread(hosts)
+        elif self.clock.now().timestamp() - self._read_at >= self.cadence:
+            self._start_reading(hosts)
         return {name: self._adverts[name] for name in hosts if name in self._adverts}
+
+    async def _reread(self, hosts: list[str]) -> None:
+        """A reading that covers `hosts`, begun after this call, waited for (after the one
+        under way, if any: it may be of other hosts)."""
+        if self._reading is not None:
+            await asyncio.shield(self._reading)
+            if self._read_at is not None and all(name in self._adverts for name in hosts):
+                return
+        self._start_reading(hosts)
+        assert self._reading is not None
+        await asyncio.shield(self._reading)
+
+    def _start_reading(self, hosts: list[str]) -> None:
+        if self._reading is None:
+            self._reading = asyncio.get_running_loop().create_task(self._reading_of(list(hosts)))
+
+    async def _reading_of(self, hosts: list[str]) -> None:
+        now = self.clock.now().timestamp()
+        try:
+            self._adverts = await control_store_call(self._read, self.namespace, hosts)
+            self._hosts, self._read_at = tuple(hosts), now
+        except Exception:
+            log.exception("reading the host advertisements failed; the last reading stays")
+        finally:
+            self._reading = None

@@ -26,6 +26,7 @@ from ..placement.autoscale import Demand, Idleness, bundles, to_restore, to_reti
 from ..recovery.membership import ClusterSnapshot
 from .config import mark_retired, retired_nodes
 from .constants import host_node
+from .control_calls import control_store_call
 from .controller_port import ControllerPort
 
 log = logging.getLogger("choreography_ray.runtime")
@@ -120,7 +121,7 @@ class AutoscaleRequests:
             answers[name] = answer if isinstance(answer, int) else None
         nodes = self.demand.heard(answers, {self.host.name, *routes.controllers})
         if self.demand.due(nodes):
-            await asyncio.to_thread(self.request, nodes)
+            await control_store_call(self.request, nodes)
             log.info(
                 "%s: asked Ray's autoscaler for %d worker node(s) (%d step(s) outstanding)",
                 self.host.name,
@@ -129,7 +130,7 @@ class AutoscaleRequests:
             )
             self.demand.requested = nodes
             self.requests.append(nodes)
-        if await asyncio.to_thread(self.autoscaler):
+        if await control_store_call(self.autoscaler):
             await self._fit(nodes)
         return nodes
 
@@ -155,22 +156,22 @@ class AutoscaleRequests:
         for node in to_retire(idle, wanted, timeout):
             await self._retire(node, hosts[node])
         snapshot = self.snapshot()
-        retired = await asyncio.to_thread(retired_nodes, self.host.namespace)
+        retired = await control_store_call(retired_nodes, self.host.namespace)
         alive = {n for n in retired if snapshot is not None and snapshot.alive(n)}
         for node in sorted(retired - alive):  # removed by the autoscaler: forget the mark
-            await asyncio.to_thread(mark_retired, self.host.namespace, node, False)
+            await control_store_call(mark_retired, self.host.namespace, node, False)
         for node in to_restore(sorted(alive - set(hosts)), len(hosts), wanted):
-            await asyncio.to_thread(mark_retired, self.host.namespace, node, False)
+            await control_store_call(mark_retired, self.host.namespace, node, False)
             self.start_hosts_of(node)
             log.info("%s: node %s gets its hosts back: more work came", self.host.name, node)
 
     async def _retire(self, node: str, names: list[str]) -> None:
-        await asyncio.to_thread(mark_retired, self.host.namespace, node)
+        await control_store_call(mark_retired, self.host.namespace, node)
         answers = await asyncio.gather(
             *(self.host.routes.worker(name).retire() for name in names), return_exceptions=True
         )
         if any(answer is False for answer in answers):  # work arrived meanwhile: it stays
-            await asyncio.to_thread(mark_retired, self.host.namespace, node, False)
+            await control_store_call(mark_retired, self.host.namespace, node, False)
             return
         self.retired.append(node)
         log.info(

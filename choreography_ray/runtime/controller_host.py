@@ -7,7 +7,6 @@ recovery (`controller_recovery`).
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import os
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from ..recovery.rehydration import Rehydration
 from .adverts import Adverts, delete_advert
 from .autoscaling import AutoscaleRequests
 from .constants import controller_name
+from .control_calls import control_store_call
 from .controller_recovery import ControllerRecovery
 from .dispatch import RayDispatcher
 from .draining import Drains
@@ -203,7 +203,7 @@ class ControllerHost(Host, PreviousReleaseCalls):
 
     async def shutdown(self) -> None:
         self.fence.stop()
-        await asyncio.to_thread(delete_advert, self.name, self.namespace)
+        await control_store_call(delete_advert, self.name, self.namespace)
         self._startup.close()
         self.recovery.close()
         self.autoscaling.close()

@@ -9,7 +9,6 @@ fresh one that reads it back.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..recovery.retries import Startup
 from .adverts import advertised_capabilities, node_of, write_advert
 from .cluster_storage import open_cluster_storage
 from .config import import_modules
+from .control_calls import control_store_call
 from .directory import RayDirectory
 from .fence import ray_fence
 from .host_process import cluster_config, configure_logging, tune_gc
@@ -91,14 +91,14 @@ class Host:
         )
 
     async def _advertise(self) -> None:
-        await asyncio.to_thread(lambda: write_advert(self.advert(), self.namespace))
+        await control_store_call(lambda: write_advert(self.advert(), self.namespace))
 
     async def ping(self) -> int:
         return self.epoch
 
     async def _import_new_modules(self) -> tuple[Any, list[str]]:
         """Import the job modules added to the configuration; the configuration and failures."""
-        config = await asyncio.to_thread(cluster_config, self.namespace)  # Ray's control store
+        config = await control_store_call(cluster_config, self.namespace)  # Ray's control store
         new = [m for m in config.modules if m not in self.modules]
         imported, failed = import_modules(new)
         self.modules += imported

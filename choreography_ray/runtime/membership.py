@@ -23,6 +23,7 @@ from ..recovery.membership import ClusterSnapshot, NodeInfo
 from ..recovery.watch import MembershipWatch
 from .config import retired_nodes, taking_down
 from .constants import CONTROLLER_PREFIX, host_node
+from .control_calls import control_store_call
 from .controller_port import ControllerPort
 from .directory import actor_names, draining_nodes, host_incarnations
 from .host_process import cluster_config
@@ -131,29 +132,29 @@ class ControllerParticipant:
     async def rehydrate(self, catalog: KeyCatalog) -> None:
         """Every partition: the catalog's, the configuration's and those this host serves,
         known ones again (their jobs may have lost their activation with the dead host)."""
-        config = await asyncio.to_thread(cluster_config, self.host.namespace)
+        config = await control_store_call(cluster_config, self.host.namespace)
         keys: list[JobKey] = list(dict.fromkeys([*config.keys, *catalog.keys, *self.host.managers]))
         await self.host.recovery.partitions.recover(keys, again=True)
 
     async def taking_down(self) -> bool:
-        return await asyncio.to_thread(taking_down, self.host.namespace)
+        return await control_store_call(taking_down, self.host.namespace)
 
     async def nodes_draining(self, drains: Mapping[str, float]) -> None:
         await self.host.nodes_draining(dict(drains))
 
     async def retired(self, node_id: str) -> bool:
-        return node_id in await asyncio.to_thread(retired_nodes, self.host.namespace)
+        return node_id in await control_store_call(retired_nodes, self.host.namespace)
 
     async def start_node(self, node: NodeInfo) -> None:
         """Create the node's host actors and wait until they are ready and have read the
         configuration, as `connect` does; raises when one does not (the watch retries)."""
         read = self.cluster.roles.get(node.node_id)
         if read is None:  # not in the last reading: the cluster's figures
-            config = await asyncio.to_thread(cluster_config, self.host.namespace)
+            config = await control_store_call(cluster_config, self.host.namespace)
             hosts = config.workers_per_node or 1
             read = NodeRoles(node.node_id, False, False, config.max_parallel_steps, hosts)
         roles = dataclasses.replace(read, controller=node.controller, worker=node.worker)
-        handles: dict[str, Any] = await asyncio.to_thread(
+        handles: dict[str, Any] = await control_store_call(
             create_node_hosts,
             self.host.namespace,
             roles,

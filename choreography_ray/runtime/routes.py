@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from ..engine.clock import Clock
 from ..recovery.liveness import Bound, HostGone
 from .constants import CONTROLLER_PREFIX, ROUTES_REFRESH_SECONDS, WORKER_PREFIX
+from .control_calls import control_store_call
 from .host_calls import ControllerHostCalls, WorkerHostCalls
 
 T = TypeVar("T")
@@ -210,7 +211,7 @@ class Routes:
     async def _read(self) -> None:
         known = set(self._handles)
         try:
-            found = await asyncio.to_thread(self._look_up, known)
+            found = await control_store_call(self._look_up, known)
         except Exception:
             log.exception("reading the host actors failed; the table stays as it was")
             return

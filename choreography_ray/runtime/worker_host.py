@@ -26,6 +26,7 @@ from ..jobs.registry import default_registry
 from ..jobs.state import JobKey
 from .adverts import Adverts, delete_advert, node_of
 from .constants import worker_name
+from .control_calls import control_store_call
 from .dispatch import RayReporter
 from .host import Host
 from .host_process import rss_kb
@@ -211,7 +212,7 @@ class WorkerHost(Host):
 
     async def shutdown(self) -> None:
         self.fence.stop()
-        await asyncio.to_thread(delete_advert, self.name, self.namespace)
+        await control_store_call(delete_advert, self.name, self.namespace)
         self._startup.close()
         # The seed's deactivation: the work and its callbacks end before storage closes.
         await self.worker.deactivate(self.options.deactivation_timeout.total_seconds())
