@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ..engine.clock import Clock
@@ -78,7 +78,8 @@ class Participant(Protocol):
 
 
 class MembershipWatch:
-    """Reads snapshots with `read` (blocking, run in a thread) and reacts through `host`."""
+    """Reads snapshots with `read` (blocking, run in a thread by `off_loop`) and reacts
+    through `host`."""
 
     def __init__(
         self,
@@ -87,9 +88,16 @@ class MembershipWatch:
         clock: Clock,
         *,
         interval: float,
+        off_loop: Callable[[Callable[[], ClusterSnapshot]], Awaitable[ClusterSnapshot]] = (
+            asyncio.to_thread
+        ),
     ) -> None:
+        """`off_loop` runs `read` in a thread: the runtime's own threads for Ray's tables,
+        which hang while its control store restarts (never the loop's default executor,
+        which the steps use)."""
         self.host = host
         self.read = read
+        self.off_loop = off_loop
         self.clock = clock
         self.interval = interval
         self.latest: ClusterSnapshot | None = None
@@ -111,7 +119,7 @@ class MembershipWatch:
         """Take the baseline reading, then keep reading until `close`."""
         if self._loop is None:
             try:
-                self.latest = await asyncio.to_thread(self.read)
+                self.latest = await self.off_loop(self.read)
             except Exception:  # the next reading that works is the baseline
                 log.exception("%s: reading the cluster's membership failed", self.host.name)
             self._loop = asyncio.get_running_loop().create_task(self._keep())
@@ -135,7 +143,7 @@ class MembershipWatch:
 
     async def check(self) -> MembershipChange:
         """Read once and react to what changed; returns the change."""
-        snapshot = await asyncio.to_thread(self.read)
+        snapshot = await self.off_loop(self.read)
         before, self.latest = self.latest, snapshot
         if before is None:
             return MembershipChange()

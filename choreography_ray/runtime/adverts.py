@@ -97,7 +97,10 @@ class Adverts:
     Every dispatch and every report asks for them, so a reading that is merely old answers at
     once, and the next is made in the background, one at a time: while Ray's control store
     restarts, a reading hangs until it is back, and the steps must not wait for it (waiting,
-    a 60 s restart stopped every job for 50 s). Only hosts never read yet are waited for."""
+    a 60 s restart stopped every job for 50 s). Callers ask for different hosts (the workers,
+    some of them, the controllers too): readings add to what is known, and the next one reads
+    every host asked for since the last began. Only a host no reading has covered yet (one
+    that joined) is waited for; one that did not advertise counts as covered."""
 
     def __init__(
         self,
@@ -110,42 +113,62 @@ class Adverts:
         self.clock = clock
         self.cadence = cadence
         self._read = read
-        self._hosts: tuple[str, ...] = ()
-        self._read_at: float | None = None
         self._adverts: dict[str, HostAdvert] = {}
+        self._covered: set[str] = set()
+        """Hosts some reading covered, whether or not they had an advertisement."""
+        self._asked: set[str] = set()
+        """Hosts asked for since the last reading began: what the next one reads."""
+        self._read_at: float | None = None
         self._reading: asyncio.Task[None] | None = None
 
     async def of(self, hosts: list[str]) -> dict[str, HostAdvert]:
-        """The advertisements of `hosts`: the last reading, read again when it is old (in the
-        background) or lacks a host it was not made for (waited for)."""
-        missing = any(name not in self._adverts for name in hosts)
-        if self._read_at is None or (missing and tuple(hosts) != self._hosts):
-            await self._reread(hosts)
-        elif self.clock.now().timestamp() - self._read_at >= self.cadence:
-            self._start_reading(hosts)
+        """The advertisements of `hosts`: the last readings, read again in the background
+        when old, and waited for only for hosts never covered."""
+        self._asked.update(hosts)
+        if not self._covered.issuperset(hosts):
+            await self._cover(hosts)
+        elif self._reading is None and self._old():
+            self._start_reading()
         return {name: self._adverts[name] for name in hosts if name in self._adverts}
 
-    async def _reread(self, hosts: list[str]) -> None:
-        """A reading that covers `hosts`, begun after this call, waited for (after the one
-        under way, if any: it may be of other hosts)."""
-        if self._reading is not None:
-            await asyncio.shield(self._reading)
-            if self._read_at is not None and all(name in self._adverts for name in hosts):
-                return
-        self._start_reading(hosts)
-        assert self._reading is not None
-        await asyncio.shield(self._reading)
+    def _old(self) -> bool:
+        return self._read_at is None or self.clock.now().timestamp() - self._read_at >= (
+            self.cadence
+        )
 
-    def _start_reading(self, hosts: list[str]) -> None:
-        if self._reading is None:
-            self._reading = asyncio.get_running_loop().create_task(self._reading_of(list(hosts)))
+    async def _cover(self, hosts: list[str]) -> None:
+        """Wait for readings until one covered `hosts`, or the one begun for them ended
+        (failed: the caller goes on with what is known)."""
+        mine: asyncio.Task[None] | None = None
+        while True:
+            if self._reading is None:
+                mine = self._start_reading()
+            reading = self._reading
+            assert reading is not None
+            await asyncio.shield(reading)
+            if reading is mine or self._covered.issuperset(hosts):
+                return
+
+    def _start_reading(self) -> asyncio.Task[None]:
+        hosts, self._asked = sorted(self._asked), set()
+        reading = asyncio.get_running_loop().create_task(self._reading_of(hosts))
+        self._reading = reading
+        return reading
 
     async def _reading_of(self, hosts: list[str]) -> None:
-        now = self.clock.now().timestamp()
+        began = self.clock.now().timestamp()
         try:
-            self._adverts = await control_store_call(self._read, self.namespace, hosts)
-            self._hosts, self._read_at = tuple(hosts), now
+            found = await control_store_call(self._read, self.namespace, hosts)
         except Exception:
             log.exception("reading the host advertisements failed; the last reading stays")
+            self._asked.update(hosts)  # read them with the next one
+        else:
+            for name in hosts:
+                if name in found:
+                    self._adverts[name] = found[name]
+                else:
+                    self._adverts.pop(name, None)  # it advertises no more: an older release
+            self._covered.update(hosts)
+            self._read_at = began
         finally:
             self._reading = None

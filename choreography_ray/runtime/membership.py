@@ -184,4 +184,5 @@ def membership_watch(host: ControllerPort, worker_class: type) -> MembershipWatc
         cluster,
         host.clock,
         interval=host.options.membership_interval.total_seconds(),
+        off_loop=control_store_call,
     )

@@ -280,6 +280,27 @@ def test_the_watch_reads_once_per_interval_never_more(run: Any) -> None:
     run(scenario())
 
 
+def test_every_reading_goes_through_the_threads_the_watch_was_given(run: Any) -> None:
+    """The runtime gives the watch the control store's own threads: a reading of Ray's tables
+    hangs while its control store restarts, and must not take the steps' threads."""
+    through: list[str] = []
+
+    async def off_loop(read: Any) -> ClusterSnapshot:
+        through.append("reading")
+        return await asyncio.to_thread(read)
+
+    async def scenario() -> None:
+        clock, host, readings = FakeClock(), Host(), Readings(FULL)
+        watch = MembershipWatch(host, readings, clock, interval=1.0, off_loop=off_loop)
+        await watch.start()
+        await settle()
+        await _tick(clock, readings)
+        watch.close()
+        assert through == ["reading"] * readings.count and readings.count == 2
+
+    run(scenario())
+
+
 def test_a_killed_host_is_reported_lost_and_the_elected_host_recovers(run: Any) -> None:
     async def scenario() -> None:
         clock, host, readings = FakeClock(), Host(), Readings(FULL)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from choreography_ray.engine.clock import FakeClock
 from choreography_ray.placement.capability import HostAdvert
@@ -31,14 +32,22 @@ class Store:
         self.returned = threading.Event()
         self.returned.set()
         self.node = "n1"
+        self.silent: set[str] = set()
+        """Hosts that never advertised (an older release)."""
+        self.asked: list[list[str]] = []
 
     def read(self, namespace: str, hosts: list[str]) -> dict[str, HostAdvert]:
         self.readings += 1
+        self.asked.append(hosts)
         if self.away:
             self.returned.wait(30)
         if self.fail:
             raise ConnectionError("the control store did not answer")
-        return {name: HostAdvert(name=name, node_id=self.node) for name in hosts}
+        return {
+            name: HostAdvert(name=name, node_id=self.node)
+            for name in hosts
+            if name not in self.silent
+        }
 
     def go_away(self) -> None:
         self.away = True
@@ -138,9 +147,56 @@ def test_a_host_not_read_yet_is_waited_for(run):
     assert sorted(run(scenario())) == HOSTS and store.readings == 2
 
 
-def test_a_step_thread_never_waits_behind_hanging_control_store_calls(run):
-    """As many control-store calls hang as the loop's default executor has threads, and
-    more: a step's `asyncio.to_thread` still runs at once."""
+def test_callers_asking_for_other_hosts_meanwhile_each_get_theirs(run):
+    found, store, _ = adverts()
+
+    async def scenario() -> list[list[str]]:
+        store.go_away()
+        first = asyncio.ensure_future(found.of(["x"]))
+        await until(lambda: store.readings == 1)
+        others = [asyncio.ensure_future(found.of([name])) for name in ("y", "z")]
+        await asyncio.sleep(0.01)
+        store.back()
+        answers = await asyncio.wait_for(asyncio.gather(first, *others), BOUND)
+        return [sorted(answer) for answer in answers]
+
+    assert run(scenario()) == [["x"], ["y"], ["z"]]
+    assert store.asked == [["x"], ["y", "z"]]  # the two asked meanwhile: one reading
+
+
+def test_a_reading_of_some_hosts_keeps_what_is_known_of_the_others(run):
+    found, store, clock = adverts()
+
+    async def scenario() -> dict[str, HostAdvert]:
+        await found.of(HOSTS)
+        await clock.advance(CADENCE)
+        await found.of(HOSTS[:1])  # old: read again in the background, this host only
+        await until(lambda: found._reading is None)
+        store.go_away()
+        try:
+            return await asyncio.wait_for(found.of(HOSTS), BOUND)
+        finally:
+            store.back()
+
+    assert sorted(run(scenario())) == HOSTS
+    assert store.asked == [HOSTS, HOSTS[:1]]
+
+
+def test_a_host_that_never_advertised_is_not_read_again_for_each_call(run):
+    found, store, _ = adverts()
+    store.silent = {HOSTS[1]}
+
+    async def scenario() -> list[dict[str, HostAdvert]]:
+        return [await found.of(order) for order in (HOSTS, HOSTS[::-1], HOSTS[1:], HOSTS)]
+
+    answers = run(scenario())
+    assert all(sorted(answer) == HOSTS[:1] for answer in answers[:2]) and answers[2] == {}
+    assert store.readings == 1
+
+
+def test_a_step_thread_never_waits_behind_hanging_control_store_calls():
+    """More control-store calls hang than the loop's default executor has threads: a step's
+    `asyncio.to_thread` still runs at once."""
     gone = threading.Event()
 
     def hang() -> None:
@@ -148,8 +204,9 @@ def test_a_step_thread_never_waits_behind_hanging_control_store_calls(run):
 
     async def scenario() -> str:
         loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(2))  # as on two CPUs: any machine fails it
         calls = [
-            loop.create_task(control_store_call(hang)) for _ in range(CONTROL_STORE_THREADS + 8)
+            loop.create_task(control_store_call(hang)) for _ in range(CONTROL_STORE_THREADS + 4)
         ]
         await asyncio.sleep(0.05)
         try:
@@ -159,4 +216,4 @@ def test_a_step_thread_never_waits_behind_hanging_control_store_calls(run):
             gone.set()
             await asyncio.gather(*calls)
 
-    assert not run(scenario()).startswith("choreography-gcs")
+    assert not asyncio.run(scenario()).startswith("choreography-gcs")  # a loop of its own

@@ -171,8 +171,8 @@ def _reads_while_down(
 
 
 def _longest_gap(table: SideEffects, since: float) -> float:
-    """The longest time, after `since`, in which no run began (the job stood still)."""
-    times = sorted(run.at for run in table.runs() if run.at >= since)
+    """The longest time, from `since` on, in which no run began (the job stood still)."""
+    times = [since, *sorted(run.at for run in table.runs() if run.at >= since)]
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
