@@ -10,11 +10,11 @@ they have a small pool of their own, so that a restart holds up only what needs 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from ..storage.blocking import BlockingCalls
 
 T = TypeVar("T")
 
@@ -23,17 +23,11 @@ CONTROL_STORE_THREADS = 4
 membership watch, the autoscaler's marks); more wait their turn, as they would wait for the
 control store anyway."""
 
-_pool: ThreadPoolExecutor | None = None
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(CONTROL_STORE_THREADS, thread_name_prefix="choreography-gcs")
-    return _pool
+_threads = BlockingCalls(CONTROL_STORE_THREADS, "choreography-gcs")
+"""The storage providers' threads for blocking calls: daemons, started with the first call, so
+a call that hangs on an absent control store never holds up the process's exit."""
 
 
 async def control_store_call(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`call(*args, **kwargs)` in the control-store threads, awaited from the loop."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_threads(), functools.partial(call, *args, **kwargs))
+    return await _threads.submit(functools.partial(call, *args, **kwargs))
