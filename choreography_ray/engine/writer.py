@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..jobs.errors import StorageUnavailableError, VersionConflictError
 from ..jobs.registry import snapshot
@@ -32,6 +33,9 @@ _GATHER_TURNS = 512
 """Loop turns a flush may wait while every turn brings more changes."""
 _GATHER_SECONDS = 0.004
 """And how long, at most: a bound on the latency the gathering adds to an outcome."""
+_UNANSWERED_KEPT = 8
+"""Unanswered writes remembered per record: its changes during one outage (Running, a few
+checkpoints, the outcome). Forgetting one only risks what happened before: a stale run."""
 
 
 class StaleRecord(Exception):
@@ -52,10 +56,20 @@ class Tracked:
     durable: int = 0
     waiters: list[tuple[int, Durable]] = field(default_factory=list)
     stale: bool = False
+    unanswered: list[tuple[int, JobStepState]] = field(default_factory=list)
+    """Writes of the record since its last durable one whose answer never came (storage went
+    away): one of them may have landed. Each with the sequence of the change it carried."""
 
     def mark(self) -> int:
         self.changes += 1
         return self.changes
+
+    def unanswered_write(self, sequence: int, saved: JobStepState) -> None:
+        """A write of change `sequence` got no answer; the same change again adds nothing."""
+        if self.unanswered and self.unanswered[-1][0] == sequence:
+            return
+        self.unanswered.append((sequence, saved))
+        del self.unanswered[:-_UNANSWERED_KEPT]
 
 
 class StepWriter:
@@ -179,20 +193,27 @@ class StepWriter:
             try:
                 versions = await self.storage.steps.save_many([s for _, _, s in snapshots])
             except VersionConflictError as conflict:
+                self._up()  # an answer: storage takes writes again
                 lost = set(conflict.conflicts)
                 applied = getattr(conflict, "applied", {}) or {}
                 remaining = []
+                conflicted = []
                 for record, sequence, saved in snapshots:
                     if saved.id in lost:
-                        self._stale(record)
+                        conflicted.append((record, sequence, saved))
                     elif saved.id in applied:
                         self._durable(record, sequence, applied[saved.id])
                     else:
                         remaining.append(record)
+                held = await self._settle_conflicts(conflicted) if conflicted else []
+                if held:
+                    return held + remaining
                 batch = remaining
                 continue
             except StorageUnavailableError as error:  # the provider's retries ran out
                 self._down(error, len(batch))
+                for record, sequence, saved in snapshots:
+                    record.unanswered_write(sequence, saved)
                 return batch
             except Exception as error:  # not storage being away: the runs must know
                 log.error("step records of %s were refused by storage: %s", self.key, error)
@@ -205,6 +226,41 @@ class StepWriter:
             for (record, sequence, _), version in zip(snapshots, versions, strict=True):
                 self._durable(record, sequence, version)
             return []
+        return []
+
+    async def _settle_conflicts(
+        self, conflicted: list[tuple[Tracked, int, JobStepState]]
+    ) -> list[Tracked]:
+        """Records whose write lost: stale, unless what storage holds is a write of their own
+        whose answer was lost (the connection dropped between commit and reply, and the write
+        was made again expecting the version before it). Such a record takes the stored
+        version and goes on. Returns the records to hold: storage went away again.
+
+        The write that lost is a candidate too: a provider may have retried it within the
+        call after its first attempt had landed unanswered."""
+        for record, sequence, saved in conflicted:
+            record.unanswered_write(sequence, saved)
+        by_job: dict[str, list[str]] = {}
+        for _, _, saved in conflicted:
+            by_job.setdefault(saved.job_id, []).append(saved.id)
+        stored: dict[tuple[str, str], JobStepState] = {}
+        try:
+            for job_id, step_ids in by_job.items():
+                for state in await self.storage.steps.get_many(job_id, step_ids):
+                    stored[(job_id, state.id)] = state
+        except StorageUnavailableError as error:
+            self._down(error, len(conflicted))
+            return [record for record, _, _ in conflicted]
+        except Exception as error:  # unreadable: what storage holds is not known to be ours
+            log.error("step records of %s could not be read back: %s", self.key, error)
+        for record, _, saved in conflicted:
+            found = stored.get((saved.job_id, saved.id))
+            landed = None if found is None else _landed(found, record.unanswered)
+            if found is None or landed is None:
+                self._stale(record)
+                continue
+            log.info("step %s of job %s: its unanswered write had landed", saved.id, saved.job_id)
+            self._durable(record, landed, found.version)
         return []
 
     def _down(self, error: StorageUnavailableError, held: int) -> None:
@@ -234,6 +290,8 @@ class StepWriter:
     def _durable(self, record: Tracked, sequence: int, version: int) -> None:
         record.state.version = version
         record.durable = max(record.durable, sequence)
+        if record.unanswered:
+            record.unanswered.clear()  # the stored version is known again
         told: list[tuple[int, Durable]] = []
         keep: list[tuple[int, Durable]] = []
         for waiter in record.waiters:
@@ -272,6 +330,23 @@ class StepWriter:
         if self._holding:
             return False
         return bool(self._dirty) or (self._task is not None and not self._task.done())
+
+
+def _landed(stored: JobStepState, unanswered: list[tuple[int, JobStepState]]) -> int | None:
+    """The sequence of the unanswered write that `stored` is, if it is one. Its content names
+    its run and its status times to the microsecond, so no other writer makes the same, and
+    any change since would show."""
+    content = _as_read(stored)
+    for sequence, saved in reversed(unanswered):
+        if _as_read(saved) == content:
+            return sequence
+    return None
+
+
+def _as_read(state: JobStepState) -> dict[str, Any]:
+    """The record as storage gives it back: a worker builds parts of it without their
+    defaults (a status change's empty host), which reading fills in."""
+    return JobStepState.model_validate(state.model_dump(mode="json")).model_dump(mode="json")
 
 
 def _tell(then: Durable, error: BaseException | None) -> None:

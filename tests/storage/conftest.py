@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,10 +23,7 @@ from choreography_ray.jobs import (
 )
 from choreography_ray.storage import JobsStorage, StorageProvider
 
-from .support import ProviderSupport, supports
-
-REQUIRE_ENV = "CHOREOGRAPHY_REQUIRE_PROVIDERS"
-"""Comma-separated provider names that must run: CI sets it so a skip becomes a failure."""
+from .support import ProviderSupport, supports, usable
 
 
 class ExampleRequest(BaseModel):
@@ -67,19 +63,9 @@ def registry() -> TypeRegistry:
     return registry
 
 
-def _required() -> set[str]:
-    return {name.strip() for name in os.environ.get(REQUIRE_ENV, "").split(",") if name.strip()}
-
-
 @pytest.fixture(params=supports(), ids=lambda support: support.name)
 def support(request: pytest.FixtureRequest) -> ProviderSupport:
-    support: ProviderSupport = request.param
-    reason = support.available()
-    if reason is not None:
-        if support.name in _required():
-            pytest.fail(f"{support.name} storage is required here ({REQUIRE_ENV}) but {reason}")
-        pytest.skip(reason)
-    return support
+    return usable(request.param)
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+import pytest
+
 from choreography_ray.jobs import JobKey, TypeRegistry
 from choreography_ray.jobs.state import PlannedStep
 from choreography_ray.storage import StorageProvider, StorageURL
@@ -124,6 +126,22 @@ def supports() -> list[ProviderSupport]:
         MongomockSupport(),
         MongoServerSupport(),
     ]
+
+
+REQUIRE_ENV = "CHOREOGRAPHY_REQUIRE_PROVIDERS"
+"""Comma-separated provider names that must run: CI sets it so a skip becomes a failure."""
+
+
+def usable(support: ProviderSupport) -> ProviderSupport:
+    """`support` when its provider can run here; else the test is skipped, or fails when the
+    provider is required (`REQUIRE_ENV`)."""
+    reason = support.available()
+    if reason is not None:
+        required = {name.strip() for name in os.environ.get(REQUIRE_ENV, "").split(",")}
+        if support.name in required:
+            pytest.fail(f"{support.name} storage is required here ({REQUIRE_ENV}) but {reason}")
+        pytest.skip(reason)
+    return support
 
 
 def env(name: str) -> str | None:
