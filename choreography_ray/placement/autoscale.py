@@ -67,23 +67,30 @@ class Demand:
 
 @dataclass
 class Idleness:
-    """When each worker node was last seen with work (seconds on the clock): a node whose
-    hosts are idle long enough, while fewer worker nodes are wanted, is given back."""
+    """Since when each worker node has been seen idle (seconds on the clock): a node whose
+    hosts are idle long enough, while fewer worker nodes are wanted, is given back.
 
-    busy_at: dict[str, float]
+    Idleness counts from the first reading that found the node idle, never from the last that
+    found it busy: a node is idle only as long as it was seen to be. Readings can stop for a
+    while (the check waits for Ray's control store while it restarts), and a node busy all
+    through such a gap, idle at the reading after it, was given back at once (its job had
+    just finished)."""
+
+    idle_since: dict[str, float]
 
     @classmethod
     def of(cls) -> Idleness:
-        return cls(busy_at={})
+        return cls(idle_since={})
 
     def seen(self, loads: Mapping[str, bool], now: float) -> dict[str, float]:
         """Take each node's reading (busy or not); returns how long each has been idle.
         A node seen for the first time counts as just busy: it may be about to get work."""
-        self.busy_at = {node: at for node, at in self.busy_at.items() if node in loads}
+        since = {node: at for node, at in self.idle_since.items() if loads.get(node) is False}
         for node, busy in loads.items():
-            if busy or node not in self.busy_at:
-                self.busy_at[node] = now
-        return {node: now - at for node, at in self.busy_at.items()}
+            if not busy:
+                since.setdefault(node, now)
+        self.idle_since = since
+        return {node: now - since.get(node, now) for node in loads}
 
 
 def to_retire(idle: Mapping[str, float], wanted: int, timeout: float) -> list[str]:

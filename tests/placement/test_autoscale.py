@@ -128,8 +128,21 @@ def test_a_node_seen_busy_or_new_is_not_idle() -> None:
     idleness = Idleness.of()
     assert idleness.seen({"a": False}, now=0.0) == {"a": 0.0}  # first seen: just busy
     assert idleness.seen({"a": False, "b": True}, now=10.0) == {"a": 10.0, "b": 0.0}
-    assert idleness.seen({"a": True, "b": False}, now=15.0) == {"a": 0.0, "b": 5.0}
-    assert idleness.seen({"b": False}, now=20.0) == {"b": 10.0}  # a is gone
+    assert idleness.seen({"a": True, "b": False}, now=15.0) == {"a": 0.0, "b": 0.0}
+    assert idleness.seen({"b": False}, now=20.0) == {"b": 5.0}  # a is gone
+    assert idleness.seen({"a": False, "b": False}, now=21.0) == {"a": 0.0, "b": 6.0}
+
+
+def test_a_node_is_idle_only_as_long_as_it_was_seen_idle() -> None:
+    """The readings stopped for 70 s (the check waited for the control store); the node was
+    busy at the last one before and idle at the first after. Counted from the last busy
+    reading it was idle 70 s and given back at once, though its job had just finished."""
+    idleness = Idleness.of()
+    idleness.seen({"a": True, "b": True}, now=0.0)
+    idle = idleness.seen({"a": False, "b": False}, now=70.0)
+    assert idle == {"a": 0.0, "b": 0.0}
+    assert to_retire(idle, wanted=0, timeout=60) == []
+    assert to_retire(idleness.seen({"a": False, "b": True}, now=131.0), 0, 60) == ["a"]
 
 
 def test_retired_nodes_come_back_before_new_ones_are_needed() -> None:
