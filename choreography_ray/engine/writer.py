@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..jobs.errors import StorageUnavailableError, VersionConflictError
 from ..jobs.registry import snapshot
@@ -65,11 +64,14 @@ class Tracked:
         return self.changes
 
     def unanswered_write(self, sequence: int, saved: JobStepState) -> None:
-        """A write of change `sequence` got no answer; the same change again adds nothing."""
+        """A write of change `sequence` got no answer; the same change again adds nothing.
+        The first is always kept: the write in flight as the connection dropped is the one
+        likely to have landed; later ones mostly found no connection at all."""
         if self.unanswered and self.unanswered[-1][0] == sequence:
             return
         self.unanswered.append((sequence, saved))
-        del self.unanswered[:-_UNANSWERED_KEPT]
+        if len(self.unanswered) > _UNANSWERED_KEPT:
+            del self.unanswered[1]
 
 
 class StepWriter:
@@ -193,7 +195,6 @@ class StepWriter:
             try:
                 versions = await self.storage.steps.save_many([s for _, _, s in snapshots])
             except VersionConflictError as conflict:
-                self._up()  # an answer: storage takes writes again
                 lost = set(conflict.conflicts)
                 applied = getattr(conflict, "applied", {}) or {}
                 remaining = []
@@ -208,6 +209,7 @@ class StepWriter:
                 held = await self._settle_conflicts(conflicted) if conflicted else []
                 if held:
                     return held + remaining
+                self._up()  # a conflict is an answer too: storage takes writes again
                 batch = remaining
                 continue
             except StorageUnavailableError as error:  # the provider's retries ran out
@@ -333,20 +335,25 @@ class StepWriter:
 
 
 def _landed(stored: JobStepState, unanswered: list[tuple[int, JobStepState]]) -> int | None:
-    """The sequence of the unanswered write that `stored` is, if it is one. Its content names
-    its run and its status times to the microsecond, so no other writer makes the same, and
-    any change since would show."""
-    content = _as_read(stored)
+    """The sequence of the unanswered write that `stored` is, if it is one: the version after
+    the one it expected, and the same content. The content names its run and its status times
+    to the microsecond, so no other writer makes the same, and any change since would show."""
+    content: str | None = None
     for sequence, saved in reversed(unanswered):
+        if stored.version != saved.version + 1:
+            continue  # cheap, and most conflicts are another's write: no content compared
+        if content is None:
+            content = _as_read(stored)
         if _as_read(saved) == content:
             return sequence
     return None
 
 
-def _as_read(state: JobStepState) -> dict[str, Any]:
-    """The record as storage gives it back: a worker builds parts of it without their
-    defaults (a status change's empty host), which reading fills in."""
-    return JobStepState.model_validate(state.model_dump(mode="json")).model_dump(mode="json")
+def _as_read(state: JobStepState) -> str:
+    """The record's JSON as storage gives it back: a worker builds parts of it without their
+    defaults (a status change's empty host), which reading fills in. JSON text, not Python
+    values, so that 1, 1.0 and true differ."""
+    return JobStepState.model_validate_json(state.model_dump_json()).model_dump_json()
 
 
 def _tell(then: Durable, error: BaseException | None) -> None:

@@ -70,27 +70,40 @@ class Idleness:
     """Since when each worker node has been seen idle (seconds on the clock): a node whose
     hosts are idle long enough, while fewer worker nodes are wanted, is given back.
 
-    Idleness counts from the first reading that found the node idle, never from the last that
-    found it busy: a node is idle only as long as it was seen to be. Readings can stop for a
-    while (the check waits for Ray's control store while it restarts), and a node busy all
-    through such a gap, idle at the reading after it, was given back at once (its job had
-    just finished)."""
+    A node is idle only as long as it was seen to be, reading after reading: idleness counts
+    from the first reading that found it idle, never from the last that found it busy, and
+    readings further apart than `gap` start every count again. Readings can stop for a while
+    (the check waits for Ray's control store while it restarts; a host not elected makes
+    none), and what ran meanwhile is not known: a node busy all through such a gap, idle at
+    the reading after it, was given back at once."""
 
     idle_since: dict[str, float]
+    gap: float = math.inf
+    last: float | None = None
+    """When the last reading was taken."""
 
     @classmethod
-    def of(cls) -> Idleness:
-        return cls(idle_since={})
+    def of(cls, gap: float = math.inf) -> Idleness:
+        return cls(idle_since={}, gap=gap)
 
     def seen(self, loads: Mapping[str, bool], now: float) -> dict[str, float]:
         """Take each node's reading (busy or not); returns how long each has been idle.
         A node seen for the first time counts as just busy: it may be about to get work."""
-        since = {node: at for node, at in self.idle_since.items() if loads.get(node) is False}
+        known = self.last is not None and now - self.last <= self.gap
+        self.last = now
+        since = {
+            node: at for node, at in self.idle_since.items() if known and loads.get(node) is False
+        }
         for node, busy in loads.items():
             if not busy:
                 since.setdefault(node, now)
         self.idle_since = since
         return {node: now - since.get(node, now) for node in loads}
+
+    def worked(self, node: str) -> None:
+        """The node took work after all (its hosts refused to leave): idle from the next
+        reading on, if it is idle then."""
+        self.idle_since.pop(node, None)
 
 
 def to_retire(idle: Mapping[str, float], wanted: int, timeout: float) -> list[str]:

@@ -78,7 +78,9 @@ class AutoscaleRequests:
         self.request = request
         self.autoscaler = autoscaler
         self.demand = Demand.of(per_node, host.options.autoscale_max_worker_nodes)
-        self.idleness = Idleness.of()
+        self.every = max(1.0, host.options.membership_interval.total_seconds())
+        # Readings three checks apart say nothing of the time between them.
+        self.idleness = Idleness.of(gap=3 * self.every)
         self.retired: list[str] = []
         """Every node given back, in order (tests, stats)."""
         self.requests: list[int] = []
@@ -94,9 +96,8 @@ class AutoscaleRequests:
             self._task.cancel()
 
     async def _keep(self) -> None:
-        every = max(1.0, self.host.options.membership_interval.total_seconds())
         while True:
-            await self.host.clock.sleep(every)
+            await self.host.clock.sleep(self.every)
             try:
                 await self.check()
             except Exception:
@@ -172,6 +173,7 @@ class AutoscaleRequests:
         )
         if any(answer is False for answer in answers):  # work arrived meanwhile: it stays
             await control_store_call(mark_retired, self.host.namespace, node, False)
+            self.idleness.worked(node)
             return
         self.retired.append(node)
         log.info(

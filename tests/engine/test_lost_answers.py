@@ -9,6 +9,7 @@ what storage holds, and a record holding a write of its own goes on from it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -189,9 +190,10 @@ class ConflictThenAway:
         return await self._inner.get_many(job_id, step_ids)
 
 
-def test_storage_away_again_while_the_writer_reads_back_holds_the_record():
+def test_storage_away_again_while_the_writer_reads_back_holds_the_record(caplog):
     """Not knowing whose write storage holds, the writer holds the record and asks again
-    after its backoff; it neither stops the run nor loses the write."""
+    after its backoff; it neither stops the run nor loses the write, nor takes storage for
+    back (which would start its backoff over) until the read-back answers."""
 
     async def scenario() -> tuple[list[Any], Tracked, ConflictThenAway]:
         inner = open_storage("memory://lost-answers-flap").for_key(JobKey())
@@ -210,7 +212,71 @@ def test_storage_away_again_while_the_writer_reads_back_holds_the_record():
                 break
         return told, record, flapping
 
-    told, record, flapping = asyncio.run(scenario())
+    with caplog.at_level(logging.WARNING, logger="choreography_ray.engine"):
+        told, record, flapping = asyncio.run(scenario())
     assert flapping.reads >= 2, "the writer never read the record back a second time"
+    assert caplog.text.count("takes step writes") == 1, "storage taken for back too soon"
     assert told == [None], f"the run was told {told!r}"
     assert record.state.version == 2
+
+
+class LostFirst:
+    """Step storage whose first batch is written and answered as lost; then it answers."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.saves = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def save_many(self, states: list[Any]) -> Any:
+        self.saves += 1
+        answer = await self._inner.save_many(states)
+        if self.saves == 1:
+            raise StorageUnavailableError("the connection dropped before the commit's reply")
+        return answer
+
+
+def test_what_landed_is_durable_and_the_changes_made_since_are_still_written():
+    """Running landed unanswered; the outcome came while it was held. The read-back makes
+    Running durable, not the outcome: the outcome's waiter is told once it is written."""
+
+    async def scenario() -> tuple[list[Any], list[Any], JobStepState, int]:
+        inner = open_storage("memory://lost-answers-since").for_key(JobKey())
+        prepared = JobStepState(id="s", job_id="j", type=NoopStep.name, is_prepared=True)
+        prepared.version = await inner.steps.save(prepared)
+        lost = LostFirst(inner.steps)
+        storage = type(inner)(key=inner.key, jobs=inner.jobs, steps=lost, plans=inner.plans)
+        clock = FakeClock()
+        writer = StepWriter(JobKey(), storage, clock=clock, backoff=Backoff(0.01, 0.1))
+        record = Tracked(_running(prepared, at=1))
+        running: list[Any] = []
+        writer.write(record, running.append)
+        await settle()  # written, its answer lost: held
+        done = record.state.model_copy(update={"status": JobStepStatus.COMPLETED_SUCCESSFULLY})
+        record.state = done
+        outcome: list[Any] = []
+        writer.write(record, outcome.append)
+        assert running == [] and outcome == []
+        for _ in range(20):
+            await clock.advance(1)
+            if outcome:
+                break
+        return running, outcome, await inner.steps.get("j", "s"), lost.saves
+
+    running, outcome, stored, saves = asyncio.run(scenario())
+    assert running == [None] and outcome == [None]
+    assert stored.status == JobStepStatus.COMPLETED_SUCCESSFULLY and stored.version == 3
+    assert saves == 3  # lost, conflicted, then the outcome expecting the landed version
+
+
+def test_the_first_unanswered_write_is_kept_past_the_limit():
+    """The write in flight as the connection dropped is the one likely to have landed; the
+    retries after it mostly found no connection at all."""
+    record = Tracked(JobStepState(id="s", job_id="j", type=NoopStep.name))
+    for sequence in range(1, 20):
+        record.unanswered_write(sequence, record.state)
+        record.unanswered_write(sequence, record.state)  # the same change again: no entry
+    kept = [sequence for sequence, _ in record.unanswered]
+    assert kept[0] == 1 and len(kept) == 8 and kept[-1] == 19

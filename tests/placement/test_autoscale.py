@@ -145,6 +145,85 @@ def test_a_node_is_idle_only_as_long_as_it_was_seen_idle() -> None:
     assert to_retire(idleness.seen({"a": False, "b": True}, now=131.0), 0, 60) == ["a"]
 
 
+def test_readings_too_far_apart_start_every_count_again() -> None:
+    """Idle at the readings before a gap and after it, it may have run a job in between."""
+    idleness = Idleness.of(gap=3.0)
+    idleness.seen({"a": False}, now=0.0)
+    assert idleness.seen({"a": False}, now=2.0) == {"a": 2.0}
+    assert idleness.seen({"a": False}, now=61.0) == {"a": 0.0}  # 59 s without a reading
+    assert idleness.seen({"a": False}, now=63.0) == {"a": 2.0}
+
+
+class _Cluster(TableStub):
+    """One controller and one worker-only node whose host is idle and answers `retire` with
+    `leaves` (False: work arrived meanwhile)."""
+
+    controllers = ["choreography:controller:c1"]
+    workers = ["choreography:worker:w1"]
+
+    def __init__(self) -> None:
+        self.leaves = True
+        self.retire_calls: list[float] = []
+        self.clock = FakeClock()
+
+    async def answer(self, name: str, method: str, args: tuple[Any, ...]) -> Any:
+        if method == "load":
+            return (0, 0)
+        if method == "retire":
+            self.retire_calls.append(self.clock.now().timestamp())
+            return self.leaves
+        raise AssertionError(f"{name} asked {method}")
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> _Cluster:
+    import choreography_ray.runtime.autoscaling as autoscaling
+
+    monkeypatch.setattr(autoscaling, "mark_retired", lambda *args: None)
+    monkeypatch.setattr(autoscaling, "retired_nodes", lambda namespace: set())
+    return _Cluster()
+
+
+def _giving_back(cluster: _Cluster) -> AutoscaleRequests:
+    host = SimpleNamespace(
+        name="choreography:controller:c1",
+        namespace="ns",
+        options=JobsOptions(membership_interval="1s", worker_idle_timeout="60s"),
+        clock=cluster.clock,
+        routes=cluster,
+    )
+    return AutoscaleRequests(host, lambda: True, lambda: 0, per_node=8, request=lambda n: None)
+
+
+def _checks(run, requests: AutoscaleRequests, clock: FakeClock, seconds: int) -> None:
+    for _ in range(seconds):
+        run(clock.advance(1))
+        run(requests.check())
+
+
+def test_a_node_is_not_given_back_for_a_gap_in_the_checks(run, cluster) -> None:
+    """The checks stopped for 70 s (they wait for the control store while it restarts); the
+    node, idle before and after, may have run a job meanwhile: its count starts again."""
+    requests = _giving_back(cluster)
+    requests.autoscaler = lambda: True
+    _checks(run, requests, cluster.clock, 30)
+    run(cluster.clock.advance(70))  # no check meanwhile
+    _checks(run, requests, cluster.clock, 30)
+    assert cluster.retire_calls == []
+    _checks(run, requests, cluster.clock, 31)
+    assert len(cluster.retire_calls) == 1  # 60 s of checks that found it idle
+
+
+def test_a_node_whose_hosts_refused_to_leave_is_idle_again_from_scratch(run, cluster) -> None:
+    requests = _giving_back(cluster)
+    requests.autoscaler = lambda: True
+    cluster.leaves = False  # work arrived as it was given back
+    _checks(run, requests, cluster.clock, 62)
+    assert len(cluster.retire_calls) == 1
+    _checks(run, requests, cluster.clock, 30)
+    assert len(cluster.retire_calls) == 1, "asked again at once, as if idle all along"
+
+
 def test_retired_nodes_come_back_before_new_ones_are_needed() -> None:
     assert to_restore(["r2", "r1"], hosted=1, wanted=2) == ["r1"]
     assert to_restore(["r1"], hosted=2, wanted=2) == []
