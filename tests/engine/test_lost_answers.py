@@ -21,6 +21,7 @@ from choreography_ray.jobs import JobsOptions, JobStatus, JobStepStatus
 from choreography_ray.jobs.errors import StorageUnavailableError
 from choreography_ray.jobs.retry import Backoff
 from choreography_ray.jobs.state import JobKey, JobStepState, StatusChange
+from choreography_ray.storage.protocols import JobsStorage
 from choreography_ray.storage.schemes import open_storage
 from choreography_ray.testing import InProcessCluster
 
@@ -34,15 +35,17 @@ class LostAnswers:
     """Step storage that writes the first batch `loses` picks, then answers as if storage
     had gone away before the reply: the write is durable and the writer does not know it."""
 
-    def __init__(self, inner: Any, loses: Any) -> None:
+    def __init__(self, inner: Any, loses: Any = lambda states: True) -> None:
         self._inner = inner
         self._loses = loses
         self.lost: list[list[str]] = []
+        self.saves = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def save_many(self, states: list[Any]) -> Any:
+        self.saves += 1
         versions = await self._inner.save_many(states)
         if not self.lost and self._loses(states):
             self.lost.append([state.id for state in states])
@@ -138,17 +141,13 @@ def test_a_record_another_writer_changed_during_an_outage_is_stale_and_storage_i
     conflict still says storage answers: the worker may start steps again."""
 
     async def scenario() -> tuple[list[Any], StepWriter]:
-        inner = open_storage("memory://lost-answers-other").for_key(JobKey())
-        prepared = JobStepState(id="s", job_id="j", type=NoopStep.name, is_prepared=True)
-        prepared.version = await inner.steps.save(prepared)
+        def refusing_after_another(steps: Any) -> Refusing:
+            async def another_writer() -> None:  # a newer run of the same step, say
+                await steps.save(_running(await steps.get("j", "s"), at=2))
 
-        async def another_writer() -> None:  # a newer run of the same step, say
-            await inner.steps.save(_running(prepared, at=2))
+            return Refusing(steps, another_writer)
 
-        refusing = Refusing(inner.steps, another_writer)
-        storage = type(inner)(key=inner.key, jobs=inner.jobs, steps=refusing, plans=inner.plans)
-        clock = FakeClock()
-        writer = StepWriter(JobKey(), storage, clock=clock, backoff=Backoff(0.01, 0.1))
+        _, refusing, writer, clock, prepared = await _writer_over("other", refusing_after_another)
         told: list[Any] = []
         writer.write(Tracked(_running(prepared, at=1)), told.append)
         await settle()  # refused: the record is held for the writer's backoff
@@ -164,24 +163,13 @@ def test_a_record_another_writer_changed_during_an_outage_is_stale_and_storage_i
     assert writer.unavailable is None, "a conflict is an answer: storage is back"
 
 
-class ConflictThenAway:
+class ConflictThenAway(LostAnswers):
     """Step storage whose first write lands unanswered, whose second conflicts with it, and
     whose first read back finds storage away again: a connection that flaps."""
 
     def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.saves = 0
+        super().__init__(inner)
         self.reads = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def save_many(self, states: list[Any]) -> Any:
-        self.saves += 1
-        answer = await self._inner.save_many(states)
-        if self.saves == 1:
-            raise StorageUnavailableError("the connection dropped before the commit's reply")
-        return answer
 
     async def get_many(self, job_id: str, step_ids: list[str]) -> Any:
         self.reads += 1
@@ -190,19 +178,27 @@ class ConflictThenAway:
         return await self._inner.get_many(job_id, step_ids)
 
 
+async def _writer_over(
+    name: str, wrap: Any
+) -> tuple[JobsStorage, Any, StepWriter, FakeClock, JobStepState]:
+    """A writer over memory storage whose steps `wrap` makes; a prepared record stored."""
+    inner = open_storage(f"memory://lost-answers-{name}").for_key(JobKey())
+    prepared = JobStepState(id="s", job_id="j", type=NoopStep.name, is_prepared=True)
+    prepared.version = await inner.steps.save(prepared)
+    steps = wrap(inner.steps)
+    storage = JobsStorage(key=inner.key, jobs=inner.jobs, steps=steps, plans=inner.plans)
+    clock = FakeClock()
+    writer = StepWriter(JobKey(), storage, clock=clock, backoff=Backoff(0.01, 0.1))
+    return inner, steps, writer, clock, prepared
+
+
 def test_storage_away_again_while_the_writer_reads_back_holds_the_record(caplog):
     """Not knowing whose write storage holds, the writer holds the record and asks again
     after its backoff; it neither stops the run nor loses the write, nor takes storage for
     back (which would start its backoff over) until the read-back answers."""
 
     async def scenario() -> tuple[list[Any], Tracked, ConflictThenAway]:
-        inner = open_storage("memory://lost-answers-flap").for_key(JobKey())
-        prepared = JobStepState(id="s", job_id="j", type=NoopStep.name, is_prepared=True)
-        prepared.version = await inner.steps.save(prepared)
-        flapping = ConflictThenAway(inner.steps)
-        storage = type(inner)(key=inner.key, jobs=inner.jobs, steps=flapping, plans=inner.plans)
-        clock = FakeClock()
-        writer = StepWriter(JobKey(), storage, clock=clock, backoff=Backoff(0.01, 0.1))
+        _, flapping, writer, clock, prepared = await _writer_over("flap", ConflictThenAway)
         record = Tracked(_running(prepared, at=1))
         told: list[Any] = []
         writer.write(record, told.append)
@@ -220,36 +216,12 @@ def test_storage_away_again_while_the_writer_reads_back_holds_the_record(caplog)
     assert record.state.version == 2
 
 
-class LostFirst:
-    """Step storage whose first batch is written and answered as lost; then it answers."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.saves = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def save_many(self, states: list[Any]) -> Any:
-        self.saves += 1
-        answer = await self._inner.save_many(states)
-        if self.saves == 1:
-            raise StorageUnavailableError("the connection dropped before the commit's reply")
-        return answer
-
-
 def test_what_landed_is_durable_and_the_changes_made_since_are_still_written():
     """Running landed unanswered; the outcome came while it was held. The read-back makes
     Running durable, not the outcome: the outcome's waiter is told once it is written."""
 
     async def scenario() -> tuple[list[Any], list[Any], JobStepState, int]:
-        inner = open_storage("memory://lost-answers-since").for_key(JobKey())
-        prepared = JobStepState(id="s", job_id="j", type=NoopStep.name, is_prepared=True)
-        prepared.version = await inner.steps.save(prepared)
-        lost = LostFirst(inner.steps)
-        storage = type(inner)(key=inner.key, jobs=inner.jobs, steps=lost, plans=inner.plans)
-        clock = FakeClock()
-        writer = StepWriter(JobKey(), storage, clock=clock, backoff=Backoff(0.01, 0.1))
+        inner, lost, writer, clock, prepared = await _writer_over("since", LostAnswers)
         record = Tracked(_running(prepared, at=1))
         running: list[Any] = []
         writer.write(record, running.append)
