@@ -25,6 +25,7 @@ from ..jobs.retry import Backoff
 from ..jobs.state import JobKey, JobStepState
 from ..storage.protocols import JobsStorage
 from .clock import Clock
+from .unanswered import landed_write
 
 log = logging.getLogger("choreography_ray.engine")
 
@@ -257,7 +258,7 @@ class StepWriter:
             log.error("step records of %s could not be read back: %s", self.key, error)
         for record, _, saved in conflicted:
             found = stored.get((saved.job_id, saved.id))
-            landed = None if found is None else _landed(found, record.unanswered)
+            landed = None if found is None else landed_write(found, record.unanswered)
             if found is None or landed is None:
                 self._stale(record)
                 continue
@@ -332,28 +333,6 @@ class StepWriter:
         if self._holding:
             return False
         return bool(self._dirty) or (self._task is not None and not self._task.done())
-
-
-def _landed(stored: JobStepState, unanswered: list[tuple[int, JobStepState]]) -> int | None:
-    """The sequence of the unanswered write that `stored` is, if it is one: the version after
-    the one it expected, and the same content. The content names its run and its status times
-    to the microsecond, so no other writer makes the same, and any change since would show."""
-    content: str | None = None
-    for sequence, saved in reversed(unanswered):
-        if stored.version != saved.version + 1:
-            continue  # cheap, and most conflicts are another's write: no content compared
-        if content is None:
-            content = _as_read(stored)
-        if _as_read(saved) == content:
-            return sequence
-    return None
-
-
-def _as_read(state: JobStepState) -> str:
-    """The record's JSON as storage gives it back: a worker builds parts of it without their
-    defaults (a status change's empty host), which reading fills in. JSON text, not Python
-    values, so that 1, 1.0 and true differ."""
-    return JobStepState.model_validate_json(state.model_dump_json()).model_dump_json()
 
 
 def _tell(then: Durable, error: BaseException | None) -> None:
