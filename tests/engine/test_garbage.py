@@ -1,6 +1,6 @@
 """A step run leaves no reference cycle behind.
 
-Garbage in a cycle waits for the cycle collector, which the hosts run rarely (thousands of
+Garbage in a cycle waits for the cycle collector, which the hosts run rarely (200,000
 allocations apart, `runtime.host_process.tune_gc`): a cycle per step made the worker host hold
 every finished run until the next collection (449 MB at 100,000 steps) and made each
 collection scan them. Counted here with the collector off: whatever `gc.collect()` finds
