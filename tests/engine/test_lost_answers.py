@@ -104,10 +104,6 @@ def test_a_step_write_whose_answer_was_lost_goes_on_from_what_landed(run, script
         run(cluster.close())
 
 
-def _writer(storage: Any) -> StepWriter:
-    return StepWriter(JobKey(), storage, clock=FakeClock(), backoff=Backoff(0.01, 0.1))
-
-
 def _running(state: JobStepState, at: int) -> JobStepState:
     change = StatusChange(status=int(JobStepStatus.RUNNING), occurred=FakeClock().now())
     return state.model_copy(
