@@ -84,7 +84,7 @@ def _configs(args: argparse.Namespace, workdir: Path) -> list[Config]:
     unknown = sorted(set(wanted) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
-    schema = f"bench_{os.getpid()}"
+    schema = _schema_name()
     postgres = f"{args.postgres}?schema={schema}"
 
     def made(name: str) -> Config:
@@ -119,14 +119,21 @@ def _configs(args: argparse.Namespace, workdir: Path) -> list[Config]:
     return configs
 
 
-def _fresh_schema(url: str, schema: str) -> None:
-    """Each PostgreSQL configuration's tables in a schema of this run, dropped first."""
+def _schema_name() -> str:
+    """This run's PostgreSQL schema: the pg-* configurations' tables, dropped when it ends."""
+    return f"bench_{os.getpid()}"
+
+
+def _fresh_schema(url: str, schema: str, *, create: bool = True) -> None:
+    """Each PostgreSQL configuration's tables in a schema of this run, dropped first (and,
+    without `create`, only dropped: the run leaves nothing on a shared server)."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url)
     with engine.begin() as connection:
         connection.execute(sqlalchemy.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        connection.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+        if create:
+            connection.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
     engine.dispose()
 
 
@@ -534,6 +541,8 @@ def main() -> None:
         for name in (*CONFIGS, "soak", "fairness", "map", "waves"):
             stop_hosts(f"bench-{name}")
         ray.shutdown()
+        if "pg-" in args.configs:
+            _fresh_schema(args.postgres, _schema_name(), create=False)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 
 
