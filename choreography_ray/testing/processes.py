@@ -69,13 +69,53 @@ def marked(marker: bytes) -> list[int]:
 
 
 def kill_marked(marker: bytes, timeout: float) -> None:
-    """SIGKILL every process whose environment holds `marker`, again until none is left;
-    `TimeoutError` when some still run after `timeout` seconds."""
+    """SIGKILL every process whose environment holds `marker`, and every process descended
+    from one, again until none is left; `TimeoutError` when some still run after `timeout`
+    seconds.
+
+    Descendants count because a process may overwrite its own environment and command line:
+    Ray's dashboard starts its modules through a fork server, and each sets its process title
+    over both. They outlive the dashboard by a few hundred milliseconds, and one wrote into
+    the session's directory while a test was deleting it. The group is stopped (SIGSTOP)
+    before it is killed, so that no process of it can start another unseen: a child started
+    after the scan would be handed to init when its parent died, and be nobody's descendant."""
     deadline = time.monotonic() + timeout
-    while pids := [pid for pid in marked(marker) if pid != os.getpid()]:
-        for pid in pids:
+    while group := _stopped_group(marker):
+        for pid in group:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"processes outlived their SIGKILL: {pids}")
-        time.sleep(POLL_SECONDS)
+        if still_running(group, max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"processes outlived their SIGKILL: {sorted(group)}")
+
+
+def _stopped_group(marker: bytes) -> set[int]:
+    """The running processes marked with `marker` and all their descendants, each stopped:
+    scanned again after each stop until no new one appears (a stopped process starts none)."""
+    stopped: set[int] = set()
+    while True:
+        found = _with_descendants({pid for pid in marked(marker) if alive(pid)} | stopped)
+        found.discard(os.getpid())
+        new = found - stopped
+        if not new:
+            return stopped
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+
+
+def _with_descendants(roots: set[int]) -> set[int]:
+    """`roots` and every running process below them (Linux /proc)."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and alive(pid := int(entry.name)):
+            up = parent(pid)
+            if up is not None:
+                kids.setdefault(up, []).append(pid)
+    found, todo = set(roots), list(roots)
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
