@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -29,7 +28,7 @@ from ..jobs.errors import (
     UnknownTypeError,
     VersionConflictError,
 )
-from ..jobs.job import Job, StepDetails
+from ..jobs.job import Job, StepDetails, new_job_id
 from ..jobs.registry import TypeKind
 from ..jobs.state import JobOwner, JobState
 from ..jobs.status import (
@@ -246,7 +245,7 @@ class JobsManager:
                 f"{job_type.__qualname__} takes a {job_type.request_type.__qualname__} "
                 f"request, got {type(request).__qualname__}"
             )
-        job_id = job_id or uuid.uuid4().hex
+        job_id = job_id or new_job_id()
         existing = self._activations.get(job_id)
         if existing is None:
             stored = await self.ctx.storage.jobs.find(job_id)

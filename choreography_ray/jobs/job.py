@@ -148,6 +148,10 @@ _RANDOM_44 = (1 << 44) - 1
 new_step_id = _OrderedIds()
 """A new step identity (a version-7 UUID in hex: time-ordered, with random bits)."""
 
+new_job_id = _OrderedIds()
+"""A new job identity, ordered by time as step ids are: a job's id leads every key of its
+step records, so a new job's rows go after the other jobs' in each index, not among them."""
+
 
 @dataclass(frozen=True)
 class JobStepDispatchContext:

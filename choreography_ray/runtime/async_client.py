@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -28,7 +27,7 @@ from ..jobs.errors import (
     StartJobFailed,
 )
 from ..jobs.functions import JobFunction, StepFunction, job_class
-from ..jobs.job import Job
+from ..jobs.job import Job, new_job_id
 from ..jobs.mapping import MapItems, MapJob, MapRequest, check_window
 from ..jobs.registry import default_registry
 from ..jobs.results import ItemResult
@@ -142,7 +141,7 @@ class AsyncJobs(ResultCalls):
         Without `job_id` the client names the job itself, so that asking a replaced controller
         host again cannot start a second job."""
         key = job_key(scope, namespace)
-        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        job_id = new_job_id() if job_id is None else check_job_id(job_id)
         priority = None if priority is None else check_priority(priority)
         concurrency_key = None if concurrency_key is None else check_key(concurrency_key)
         job_type = job_class(job_type)
@@ -199,7 +198,7 @@ class AsyncJobs(ResultCalls):
         """`map` of items already drawn and checked (`Jobs.map` draws them in its caller's
         thread)."""
         key = job_key(scope, namespace)
-        job_id = uuid.uuid4().hex if job_id is None else check_job_id(job_id)
+        job_id = new_job_id() if job_id is None else check_job_id(job_id)
         request = MapRequest(step=items.step, items=items.count, name=name or "")
         payload = default_registry.dump_request(request)
         await self._remember(function.__module__, key)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from choreography_ray.jobs.errors import TypeRegistryError
-from choreography_ray.jobs.job import Job, StepDetails, _OrderedIds, new_step_id
+from choreography_ray.jobs.job import Job, StepDetails, _OrderedIds, new_job_id, new_step_id
 from choreography_ray.jobs.step import JobStep, StepContext
 
 
@@ -27,6 +27,14 @@ def test_new_step_ids_are_distinct_version_7_uuids_in_hex_in_increasing_order():
         assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
         assert parsed.hex == value
         assert before <= parsed.int >> 80 <= after  # milliseconds since the epoch
+
+
+def test_new_job_ids_are_version_7_uuids_in_hex_in_increasing_order():
+    """A job's id leads the keys of its step records: increasing, so that a new job's rows go
+    to the end of each index rather than among an older job's."""
+    ids = [new_job_id() for _ in range(50)]
+    assert len(set(ids)) == len(ids) and ids == sorted(ids)
+    assert all(uuid.UUID(hex=value).version == 7 for value in ids)
 
 
 def test_a_millisecond_whose_counter_runs_out_moves_to_the_next_and_stays_in_order():

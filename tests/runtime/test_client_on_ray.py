@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -61,6 +62,16 @@ def test_a_failed_connect_leaves_the_configuration_as_it_was(jobs):
     assert read_config(NAMESPACE) == before
     again = cr.connect(jobs.storage_url, namespace=NAMESPACE)  # the right URL is not refused
     assert again.list() is not None
+
+
+def test_jobs_the_client_starts_without_an_id_get_ids_ordered_by_time(jobs):
+    """Each id after the last, so that each job's step records go to the
+    end of the steps table's indexes (see the engine's test of the same)."""
+    ids = [jobs.start(FanOutJob, FanOut(steps=1)) for _ in range(3)]
+    for job_id in ids:
+        assert jobs.wait(job_id, timeout=60).status == JobStatus.COMPLETED_SUCCESSFULLY
+    assert len(set(ids)) == 3 and ids == sorted(ids)
+    assert all(uuid.UUID(hex=job_id).version == 7 for job_id in ids)
 
 
 def test_a_client_outlives_a_replaced_controller_host(jobs):

@@ -73,6 +73,8 @@ def test_a_map_of_step_functions_runs_each_item(jobs):
     def in two stages; both durable jobs kept with their outcomes."""
     tripled = jobs.map(triple, (n if n != 4 else -n for n in range(10)), name="triple")
     halved = jobs.map(halve, range(6), stages=lambda n: n % 2, max_active_steps=2)
+    # Ids ordered by time, as `start` gives (test_client_on_ray.py).
+    assert tripled.job_id < halved.job_id and uuid.UUID(hex=halved.job_id).version == 7
     state = tripled.wait(timeout=60)
     assert state.status == JobStatus.COMPLETED_WITH_FAILURES
     assert (state.progress.successful_steps, state.progress.failed_steps) == (9, 1)
