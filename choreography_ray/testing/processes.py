@@ -105,17 +105,9 @@ def _stopped_group(marker: bytes) -> set[int]:
 
 
 def _with_descendants(roots: set[int]) -> set[int]:
-    """`roots` and every running process below them (Linux /proc)."""
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and alive(pid := int(entry.name)):
-            up = parent(pid)
-            if up is not None:
-                kids.setdefault(up, []).append(pid)
-    found, todo = set(roots), list(roots)
-    while todo:
-        for child in kids.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
+    """`roots` and every running process below them."""
+    found, level = set(roots), set(roots)
+    while level:
+        level = {pid for pid in children(*level) if alive(pid)} - found
+        found |= level
     return found
